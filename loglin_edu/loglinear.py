@@ -1,0 +1,96 @@
+"""Log-linear attention: ``O = (A ⊙ M^S ⊙ M^H) V`` in three forms that compute the same function.
+
+``A`` and ``M^S`` are those of the underlying linear model (linear attention, Mamba-2's decay, Gated
+DeltaNet's delta rule); ``M^H[t, s] = λ[t, level(t, s)]`` weights every Fenwick bucket of query ``t``.
+
+- ``naive``:     the dense ``T × T`` matrices: O(T²) time and memory.
+- ``recurrent``: token by token with a :class:`~loglin_edu.state.FenwickState`: O(log T) states.
+- ``chunkwise``: the chunk scan of :mod:`loglin_edu.chunk_scan`: O(T log T), no ``T × T`` tensor.
+
+``level_scales ≡ 1`` recovers the linear model exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._checks import check_chunk_size, check_form, check_gate, check_level_scales, check_qkv
+from ._layout import heads_first, time_first
+from .chunk_scan import chunk_scan
+from .deltanet import delta_attention_matrix
+from .linear import decay_attention_matrix
+from .masks import hierarchical_mask
+from .state import FenwickState
+
+FORMS = ("naive", "recurrent", "chunkwise")
+
+
+def recurrent_loglinear(q, k, v, level_scales, log_decay=None, beta=None) -> torch.Tensor:
+    """Token-by-token log-linear attention through a :class:`FenwickState`, heads-first.
+
+    q, k: ``[B, H, T, K]``; v: ``[B, H, T, V]``; level_scales: ``[B, H, T, L]``; log_decay, beta:
+    ``[B, H, T]`` or None. Returns ``[B, H, T, V]``.
+    """
+    state = FenwickState()
+    outputs = []
+    for t in range(q.shape[2]):
+        outputs.append(
+            state.step(
+                q[:, :, t], k[:, :, t], v[:, :, t], level_scales[:, :, t],
+                None if log_decay is None else log_decay[:, :, t],
+                None if beta is None else beta[:, :, t],
+            )
+        )
+    return torch.stack(outputs, dim=2)
+
+
+def naive_loglinear(q, k, v, level_scales, log_decay=None, beta=None) -> torch.Tensor:
+    """``(A ⊙ M^S ⊙ M^H) V`` with dense masks, heads-first (shapes as :func:`recurrent_loglinear`)."""
+    if beta is None:
+        matrix = decay_attention_matrix(q, k, log_decay)
+    else:
+        matrix = delta_attention_matrix(q, k, log_decay, beta)
+    return (matrix * hierarchical_mask(level_scales.transpose(1, 2))) @ v
+
+
+def loglinear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    level_scales: torch.Tensor,
+    log_decay: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
+    *,
+    form: str = "chunkwise",
+    chunk_size: int = 64,
+) -> torch.Tensor:
+    """Log-linear attention over any linear model of the book.
+
+    q, k: ``[B, T, H, K]`` (or ``H = 1``: shared by all heads); v: ``[B, T, H, V]``;
+    level_scales: ``[B, T, H, L]`` with ``L >= num_levels(T)`` (λ, indexed by query and level);
+    log_decay: ``[B, T, H]`` with ``g <= 0`` or None (no decay); beta: ``[B, T, H]`` or None (no delta
+    rule). Log-linear Mamba-2 passes ``log_decay``; log-linear Gated DeltaNet passes both.
+    form: ``"naive"``, ``"recurrent"`` or ``"chunkwise"``; chunk_size: a power of two (chunkwise only).
+    Returns ``[B, T, H, V]``. No scale or normalisation is applied to q, k.
+    """
+    dims = check_qkv(q, k, v)
+    check_level_scales(level_scales, dims, q)
+    if log_decay is not None:
+        check_gate("log_decay", log_decay, dims, q, nonpositive=True)
+    if beta is not None:
+        check_gate("beta", beta, dims, q)
+    check_form(form, FORMS)
+    check_chunk_size(chunk_size)
+    H = dims.H
+    args = (
+        heads_first(q, H), heads_first(k, H), heads_first(v, H), level_scales.transpose(1, 2),
+        None if log_decay is None else log_decay.transpose(1, 2),
+        None if beta is None else beta.transpose(1, 2),
+    )
+    if form == "naive":
+        out = naive_loglinear(*args)
+    elif form == "recurrent":
+        out = recurrent_loglinear(*args)
+    else:
+        out = chunk_scan(*args, chunk_size=chunk_size)
+    return time_first(out)
