@@ -1,0 +1,47 @@
+"""Figures, precomputed-frame animations and live widgets of the book (needs matplotlib; widgets need ipywidgets).
+
+``figures``: static pictures (masks, level tables, buckets, binary counter, H-matrix blocks, chunk-scan stages);
+``animate``: the same explorations as HTML players that work without a kernel; ``explore``: ipywidgets controls
+for a live notebook; ``notation``: the book's MathJax macros.
+"""
+
+from .animate import level_animation, query_animation, stage_animation, to_html
+from .explore import bucket_explorer, mask_explorer
+from .figures import (
+    Block,
+    counter_occupancy,
+    draw_binary_counter,
+    draw_blocks,
+    draw_buckets,
+    draw_levels,
+    draw_matrix,
+    draw_series,
+    draw_stages,
+    fenwick_blocks,
+    level_colormap,
+    stage_table,
+)
+from .notation import MACROS, define_macros
+
+__all__ = [
+    "MACROS",
+    "Block",
+    "bucket_explorer",
+    "counter_occupancy",
+    "define_macros",
+    "draw_binary_counter",
+    "draw_blocks",
+    "draw_buckets",
+    "draw_levels",
+    "draw_matrix",
+    "draw_series",
+    "draw_stages",
+    "fenwick_blocks",
+    "level_animation",
+    "level_colormap",
+    "mask_explorer",
+    "query_animation",
+    "stage_animation",
+    "stage_table",
+    "to_html",
+]

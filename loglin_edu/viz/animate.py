@@ -1,0 +1,73 @@
+"""Precomputed-frame animations: explorations that work on a static web page, without a kernel.
+
+Each function returns a ``matplotlib.animation.FuncAnimation``; :func:`to_html` turns it into a self-contained
+HTML player (every frame embedded as an image, a slider to move through them).
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.animation import FuncAnimation
+from matplotlib.patches import Rectangle
+
+from ..fenwick import level_matrix, num_levels
+from .figures import _label_positions, draw_blocks, draw_buckets, draw_levels, draw_stages, level_colormap, stage_table
+
+
+def query_animation(seq_len: int) -> FuncAnimation:
+    """One frame per query ``t = 0..seq_len-1``: its row of the level table and its buckets."""
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(6, 6.4), height_ratios=(4, 1), layout="constrained"
+    )
+
+    def frame(t):
+        top.clear()
+        bottom.clear()
+        draw_levels(seq_len, top, query=t, colorbar=False)
+        draw_buckets(t, bottom, seq_len=seq_len)
+
+    return FuncAnimation(fig, frame, frames=range(seq_len), interval=400)
+
+
+def level_animation(seq_len: int) -> FuncAnimation:
+    """One frame per level ``l``: the pairs ``(t, s)`` with ``level(t, s) = l`` and the H-matrix blocks they fill."""
+    fig, ax = plt.subplots(figsize=(5, 5), layout="constrained")
+    levels = level_matrix(seq_len).numpy()
+    cmap, norm = level_colormap(num_levels(seq_len))
+
+    def frame(lvl):
+        ax.clear()
+        shown = np.where(levels == lvl, lvl, np.nan).astype(float)
+        ax.imshow(shown, cmap=cmap, norm=norm, interpolation="nearest")
+        ax.add_patch(Rectangle((-0.5, -0.5), seq_len, seq_len, fill=False, ec="0.7"))
+        if lvl > 0:
+            draw_blocks(seq_len, ax, min_size=1 << (lvl - 1))
+        count = int((levels == lvl).sum())
+        ax.set_title(f"level {lvl}: {count} pairs (t, s)")
+        _label_positions(ax)
+
+    return FuncAnimation(fig, frame, frames=range(num_levels(seq_len)), interval=800)
+
+
+def stage_animation(seq_len: int, chunk_size: int) -> FuncAnimation:
+    """The chunk scan step by step: frame 0 the intra-chunk stage, frame ``m`` adds inter-chunk level ``m``."""
+    fig, ax = plt.subplots(figsize=(5.5, 5), layout="constrained")
+    n_stages = int(stage_table(seq_len, chunk_size).max()) + 1
+
+    def frame(upto):
+        ax.clear()
+        draw_stages(seq_len, chunk_size, ax, upto=upto, colorbar=False)
+        what = "intra-chunk blocks" if upto == 0 else f"after inter-chunk level {upto}"
+        ax.set_title(f"T = {seq_len}, C = {chunk_size}: {what}")
+
+    return FuncAnimation(fig, frame, frames=range(n_stages), interval=1000)
+
+
+def to_html(animation: FuncAnimation):
+    """The animation as a self-contained HTML player (``IPython.display.HTML``); closes its figure."""
+    from IPython.display import HTML
+
+    html = animation.to_jshtml(default_mode="once")
+    plt.close(animation._fig)
+    return HTML(html)

@@ -1,0 +1,91 @@
+"""Every exercise's checker accepts its reference solution and rejects every typical mistake it knows, with
+that mistake's hint; the solutions agree with the package where the checker compares with the solution."""
+
+import pytest
+import torch
+
+import loglin_edu as le
+from loglin_edu import exercises as ex
+from loglin_edu.exercises import ch07_chunk_scan
+from loglin_edu.viz import stage_table
+
+NAMES = list(ex.EXERCISES)
+
+
+def test_every_chapter_has_two_to_four_exercises():
+    per_chapter = {}
+    for exercise in ex.EXERCISES.values():
+        per_chapter[exercise.chapter] = per_chapter.get(exercise.chapter, 0) + 1
+    assert sorted(per_chapter) == list(range(1, 8))
+    assert all(2 <= n <= 4 for n in per_chapter.values()), per_chapter
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_checker_accepts_the_solution(name):
+    report = ex.check(name, ex.get(name).solution)
+    assert report.passed, str(report)
+    assert report.cases >= 2
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_checker_rejects_each_typical_mistake(name):
+    exercise = ex.get(name)
+    assert exercise.mistakes, f"{name} has no deliberately wrong function to show that its checker can fail"
+    for mistake, hint in exercise.mistakes:
+        report = ex.check(name, mistake)
+        assert not report.passed, f"{name}: the checker accepted the mistake {mistake.__name__}"
+        assert "on the case" in report.message
+        if "level 0 should be empty" not in report.message:  # the carry's driver stops before comparing
+            assert hint in report.message, report.message
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_unattempted_and_crashing_answers_are_reported_not_raised(name):
+    def not_written(*args):
+        raise NotImplementedError
+
+    def crashes(*args):
+        raise KeyError("oops")
+
+    assert "not attempted" in ex.check(name, not_written).message
+    report = ex.check(name, crashes)
+    assert not report.passed and "KeyError" in report.message
+
+
+def test_a_wrong_shape_is_named():
+    report = ex.check("gated.decay_mask", lambda g: torch.zeros(g.shape[0], g.shape[1], g.shape[1]))
+    assert not report.passed and "should have shape" in report.message
+
+
+def test_an_in_place_edit_does_not_fool_the_checker():
+    def edits_its_input(log_decay):
+        log_decay.zero_()  # an all-ones mask then looks right only if the reference saw the edit
+        return le.decay_mask(log_decay)
+
+    assert not ex.check("gated.decay_mask", edits_its_input).passed
+
+
+def test_stage_solution_agrees_with_the_level_table():
+    for T, C in [(37, 4), (64, 8), (20, 1)]:
+        table = stage_table(T, C)
+        for t in range(T):
+            for s in range(t + 1):
+                where, lvl = ch07_chunk_scan.stage(t, s, C)
+                if where == "intra":
+                    assert table[t, s] == 0 and lvl == le.level(t, s) <= C.bit_length() - 1
+                else:
+                    assert table[t, s] == lvl >= 1 and le.level(t, s) == C.bit_length() - 1 + lvl
+
+
+def test_chunk_sources_are_the_chunk_levels_of_the_scan():
+    for c in range(1, 40):
+        sources = ch07_chunk_scan.chunk_sources(c)
+        for m, chunks in sources.items():
+            assert all(le.fenwick.chunk_level(c, sc) == m for sc in chunks)
+        read = sorted(sc for chunks in sources.values() for sc in chunks)
+        assert read == list(range(c))  # every earlier chunk, each exactly once
+
+
+def test_unknown_exercise_lists_the_names():
+    with pytest.raises(ValueError, match="fenwick.level"):
+        ex.check("nope", lambda: None)
