@@ -1,0 +1,93 @@
+"""Host-side helpers shared by the kernels: block sizes, dot precision, and the decay prefix sums.
+
+Every kernel reads ``[B, T, H, D]`` tensors through their strides (the last dimension contiguous); the
+decay is prepared here, once per call, as two small tensors:
+
+    gc[b, h, t]   = Σ_{chunk start <= r <= t} g_r      (fp32, within-chunk cumulative sum, [B, H, N·C])
+    gend[b, h, c] = Σ_{r <= last token of chunk c} g_r  (fp64, global, [B, H, N])
+
+Kernels take differences of ``gend`` in fp64 and convert them to fp32 only then, so a long sequence
+never subtracts two large fp32 numbers; within a chunk ``gc`` is small and fp32 suffices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MAX_BLOCK = 128  # widest K or V tile one program holds; wider heads are split by the wrappers
+
+
+def block(n: int) -> int:
+    """Tile width for a dimension of size ``n``: the next power of two, at least 16 (``tl.dot``'s minimum)."""
+    return max(16, 1 << (n - 1).bit_length())
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``tl.dot`` precision: exact (``"ieee"``) for fp32/fp64 inputs, tf32 otherwise (fp16/bf16 dots
+    ignore it; the fp32 dots of an fp16 call read the fp32 node states)."""
+    return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
+
+
+def state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Storage type of the ``K × V`` states kernels write to memory. They are always accumulated in
+    fp32 registers; bf16 calls store them in bf16 (half the traffic, bf16's range); fp16 calls keep
+    fp32, since a state can outgrow fp16's range; fp32/fp64 calls keep their own type."""
+    if dtype == torch.bfloat16:
+        return torch.bfloat16
+    return accumulator_dtype(dtype)
+
+
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Registers accumulate in fp32 (fp64 for fp64 inputs, which only the interpreter's checks use)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def chunk_decay(log_decay: torch.Tensor | None, B: int, T: int, H: int, chunk_size: int, device,
+                dtype: torch.dtype = torch.float32) -> tuple:
+    """``(gc, gend)`` of the module docstring from ``log_decay: [B, T, H]`` (or None: no decay).
+
+    Returns ``gc: [B, H, N·C]`` (``accumulator_dtype(dtype)``; kernels take their accumulator type
+    from it) and ``gend: [B, H, N]`` (fp64), padded tokens decaying by nothing.
+    """
+    n_chunks = -(-T // chunk_size)
+    acc = accumulator_dtype(dtype)
+    if log_decay is None:
+        return (torch.zeros(B, H, n_chunks * chunk_size, device=device, dtype=acc),
+                torch.zeros(B, H, n_chunks, device=device, dtype=torch.float64))
+    g = torch.zeros(B, H, n_chunks * chunk_size, device=device, dtype=acc)
+    g[:, :, :T] = log_decay.transpose(1, 2)
+    gc = g.view(B, H, n_chunks, chunk_size).cumsum(-1)
+    gend = gc[..., -1].double().cumsum(-1)
+    return gc.view(B, H, -1).contiguous(), gend.contiguous()
+
+
+def reverse_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``y_t = Σ_{r >= t} x_r`` along ``dim``, in fp64."""
+    return x.double().flip(dim).cumsum(dim).flip(dim)
+
+
+def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    """Kernels index the last dimension with stride 1; other strides are free (views are fine)."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Knobs of the log-linear kernels (steps 3-4); every value computes the same function.
+
+    head_group: heads one program of the per-chunk kernels handles in a loop (with q, k shared by all
+        heads, ``Q Kᵀ`` is then computed once per chunk for the group, and dq, dk are summed in registers);
+    block_levels: ``m`` — one program of the tree kernels owns ``2^m`` chunks and the levels inside them;
+    num_warps: warps per program of the per-chunk kernels; tree_warps: of the tree kernels.
+    """
+
+    head_group: int = 1
+    block_levels: int = 4
+    num_warps: int = 4
+    tree_warps: int = 4
+
+    def group(self, heads: int) -> int:
+        """The largest divisor of ``heads`` not above ``head_group``."""
+        return max(d for d in range(1, min(self.head_group, heads) + 1) if heads % d == 0)

@@ -1,0 +1,280 @@
+"""Step 4 — the backward kernels: node gradients, then ``dq, dλ`` and ``dk, dv``; ``d log_decay`` last.
+
+The forward of step 3, per chunk ``c`` and chunk level ``ℓ`` (bit ``ℓ - 1`` of ``c`` set), reads node
+``e(c, ℓ)`` through the scaled queries ``Q̃_ℓ = diag(λ[:, c0 + ℓ] · exp(gc + G_{start(c)-1} - G_e)) Q``:
+``o += Q̃_ℓ S_e``. Its backward, in three launches:
+
+1. :func:`node_grad_kernel` — the gradient of every node, a sum over the chunks that read it:
+
+       dS_e = Σ_{c reads e} Q̃_ℓᵀ dO_c                    ([K, C] × [C, V] per reader)
+
+   The readers of node ``e`` at level ``ℓ`` are the ``2^(ℓ-1)`` chunks right after it. Grid
+   ``(H, N / 2^m, B)`` as the tree kernel: a program owns ``2^m`` chunks; nodes whose readers all lie
+   in its block it sums and stores; for the levels above ``m`` it sums its own chunks' share and adds
+   it atomically into a small fp32 buffer of upper nodes (one add per block and level).
+2. :func:`dq_kernel` — per chunk: ``dq = ((dO Vᵀ) ⊙ E ⊙ Λ) K + Σ_ℓ λ_ℓ ⊙ X_ℓ`` with
+   ``X_ℓ = diag(exp(gc + G_{start-1} - G_e)) dO S_eᵀ``, and ``dλ``: inside the chunk the sums of
+   ``(dO Vᵀ) ⊙ (Q Kᵀ) ⊙ E`` over the keys of each level, and at level ``ℓ`` the row sums of ``Q ⊙ X_ℓ``.
+3. :func:`dkdv_kernel` — per chunk: the gradient of its leaf ``K̃ᵀ V`` is the sum of the node gradients
+   of its ancestors that are read (left children): ``dU_c = Σ_h exp(G_{e_h} - G_{end(c)}) dS_{e_h}``,
+   one ``[K, V]`` add per height, then ``dv = ((Q Kᵀ) ⊙ E ⊙ Λ)ᵀ dO + K̃ dU_c`` and
+   ``dk = ((dO Vᵀ) ⊙ E ⊙ Λ)ᵀ Q + diag(exp(gc_last - gc)) V dU_cᵀ``.
+
+The decay's gradient, as in step 1: ``∂L/∂G_t = q_t · dq_t - k_t · dk_t`` per head (the kernels write
+both dot products), then a reverse cumulative sum over the sequence in fp64 on the host.
+
+With q, k shared by all heads, one program handles ``head_group`` heads and sums their dq, dk in
+registers; the host sums over the groups that remain. Work: about twice the forward's.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import LaunchConfig, accumulator_dtype, block, dot_precision, state_dtype
+from .chunk_tree import chunk_levels, level_block
+from .intra_chunk import fenwick_levels, level_column, level_matrix, level_sums, load_level_scales
+from .mamba2_chunked import decay_matrix, load_tile, store_tile
+
+
+@triton.jit
+def reader_share(
+    q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, sqt, sdt, slt, c, level, g_e, T, K, V, L,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IP: tl.constexpr,
+):
+    """``Q̃ᵀ dO`` of chunk ``c`` reading at chunk level ``level`` the node that ends where ``G = g_e``: [BK, BV]."""
+    t = c * C + tl.arange(0, C)
+    q = load_tile(q_ptr, sqt, t, T, tl.arange(0, BK), K)
+    do = load_tile(do_ptr, sdt, t, T, tl.arange(0, BV), V)
+    gc = tl.load(gc_ptr + t)
+    lam = tl.load(lam_ptr + t.to(tl.int64) * slt + C_LOG + level, mask=(t < T) & (C_LOG + level < L), other=0.0)
+    decay = (tl.load(gend_ptr + c - 1) - g_e).to(gc.dtype)
+    q_scaled = (q * (lam.to(gc.dtype) * tl.exp(gc + decay))[:, None]).to(do.dtype)
+    return tl.dot(tl.trans(q_scaled), do, input_precision=IP)
+
+
+@triton.jit
+def node_grad_kernel(
+    q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr,
+    T, N, NB, H, K, V, L, n_levels, n_inner,
+    sqb, sqt, sqh, sdb, sdt, sdh, slb, slt, slh,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, M: tl.constexpr,
+    IP: tl.constexpr,
+):
+    """Grid ``(H, NB, B)``. dnode: ``[B, H, N, BK, BV]`` (nodes below height M); dupper: zeroed
+    ``[B, H, NB, BK, BV]`` (nodes of height >= M, slot ``(e + 1) / 2^M - 1``). ``n_inner = min(M, n)``."""
+    i_h, i_blk, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    bh = (i_b * H + i_h).to(tl.int64)
+    tile = tl.arange(0, BK)[:, None] * BV + tl.arange(0, BV)[None, :]
+    q_ptr += i_b.to(tl.int64) * sqb + i_h * sqh
+    do_ptr += i_b.to(tl.int64) * sdb + i_h * sdh
+    lam_ptr += i_b.to(tl.int64) * slb + i_h * slh
+    gc_ptr += bh * N * C
+    gend_ptr += bh * N
+    dnode_ptr += bh * N * BK * BV
+    dupper_ptr += bh * NB * BK * BV
+    c_first = i_blk << M
+    for level in range(1, n_inner + 1):  # nodes inside the block: this program sees all their readers
+        half = 1 << (level - 1)
+        for group in range(1 << (M - level)):
+            e = c_first + group * 2 * half + half - 1
+            if e + 1 < N:
+                g_e = tl.load(gend_ptr + e)
+                acc = tl.zeros((BK, BV), dtype=gc_ptr.dtype.element_ty)
+                for j in range(half):
+                    c = e + 1 + j
+                    if c < N:
+                        acc += reader_share(q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, sqt, sdt, slt, c, level, g_e,
+                                            T, K, V, L, C, C_LOG, BK, BV, IP)
+                tl.store(dnode_ptr + e.to(tl.int64) * BK * BV + tile, acc.to(dnode_ptr.dtype.element_ty))
+    for level in range(M + 1, n_levels + 1):  # nodes above: this block's share, added atomically
+        if ((i_blk >> (level - 1 - M)) & 1) == 1:
+            e = ((i_blk >> (level - M)) << level) + (1 << (level - 1)) - 1
+            g_e = tl.load(gend_ptr + e)
+            acc = tl.zeros((BK, BV), dtype=gc_ptr.dtype.element_ty)
+            for j in range(1 << M):
+                c = c_first + j
+                if c < N:
+                    acc += reader_share(q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, sqt, sdt, slt, c, level, g_e,
+                                        T, K, V, L, C, C_LOG, BK, BV, IP)
+            tl.atomic_add(dupper_ptr + (((e + 1) >> M) - 1).to(tl.int64) * BK * BV + tile, acc)
+
+
+@triton.jit
+def dq_kernel(
+    q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, node_ptr, do_ptr, dq_ptr, dlam_ptr, qdq_ptr,
+    T, N, H, K, V, L, n_levels,
+    sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdb, sdt, sdh, sgb, sgt, sgh, sxb, sxt, sxh,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
+    HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
+):
+    """Grid ``(H / HG, N, B)``. dq: ``[B, T, H, K]`` (strides ``sg*``), or with SHARED one slot per head
+    group; dlam: ``[B, T, H, L]`` (strides ``sx*``); qdq: ``[B, H, N·C]``."""
+    i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t = i_c * C + tl.arange(0, C)
+    rk, rv, cols = tl.arange(0, BK), tl.arange(0, BV), tl.arange(0, BL)
+    tile = rk[:, None] * BV + rv[None, :]
+    levels = fenwick_levels(C, C_LOG)
+    q_ptr += i_b.to(tl.int64) * sqb
+    k_ptr += i_b.to(tl.int64) * sqb
+    if SHARED:
+        q = load_tile(q_ptr, sqt, t, T, rk, K)
+        k = load_tile(k_ptr, sqt, t, T, rk, K)
+        scores = tl.dot(q, tl.trans(k), input_precision=IP)
+        dq_group = tl.zeros((C, BK), dtype=gc_ptr.dtype.element_ty)
+    for hh in range(HG):
+        h = i_g * HG + hh
+        bh = (i_b * H + h).to(tl.int64)
+        if not SHARED:
+            q = load_tile(q_ptr + h * sqh, sqt, t, T, rk, K)
+            k = load_tile(k_ptr + h * sqh, sqt, t, T, rk, K)
+            scores = tl.dot(q, tl.trans(k), input_precision=IP)
+        v = load_tile(v_ptr + i_b.to(tl.int64) * svb + h * svh, svt, t, T, rv, V)
+        do = load_tile(do_ptr + i_b.to(tl.int64) * sdb + h * sdh, sdt, t, T, rv, V)
+        gc = tl.load(gc_ptr + bh * N * C + t)
+        lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + h * slh, slt, t, T, L, BL, gc.dtype)
+        decay = decay_matrix(gc, C)
+        d_scores = tl.dot(do, tl.trans(v), input_precision=IP)
+        dq = tl.dot((d_scores * decay * level_matrix(lam, levels, C_LOG, BL)).to(k.dtype), k, input_precision=IP)
+        dlam = level_sums(d_scores * scores * decay, levels, C_LOG, BL)
+        g_start = tl.load(gend_ptr + bh * N + tl.maximum(i_c - 1, 0))
+        for level in range(1, n_levels + 1):
+            if ((i_c >> (level - 1)) & 1) == 1:
+                e = ((i_c >> level) << level) + (1 << (level - 1)) - 1
+                node = tl.load(node_ptr + (bh * N + e) * BK * BV + tile)
+                to_node = (g_start - tl.load(gend_ptr + bh * N + e)).to(gc.dtype)
+                x = tl.dot(do.to(node.dtype), tl.trans(node), input_precision=IP) * tl.exp(gc + to_node)[:, None]
+                dlam = tl.where(cols[None, :] == C_LOG + level, tl.sum(q * x, 1)[:, None], dlam)
+                dq += level_column(lam, C_LOG + level, BL)[:, None] * x
+        tl.store(qdq_ptr + bh * N * C + t, tl.sum(q * dq, 1))
+        store_tile(dlam_ptr + i_b.to(tl.int64) * sxb + h * sxh, sxt, t, T, cols, L, dlam)
+        if SHARED:
+            dq_group += dq
+        else:
+            store_tile(dq_ptr + i_b.to(tl.int64) * sgb + h * sgh, sgt, t, T, rk, K, dq)
+    if SHARED:
+        store_tile(dq_ptr + i_b.to(tl.int64) * sgb + i_g * sgh, sgt, t, T, rk, K, dq_group)
+
+
+@triton.jit
+def dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr, do_ptr, dk_ptr, dv_ptr, kdk_ptr,
+    T, N, NB, H, K, V, L, n_levels,
+    sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdb, sdt, sdh, sgb, sgt, sgh, sub, sut, suh,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
+    M: tl.constexpr, HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
+):
+    """Grid ``(H / HG, N, B)``. dk: as dq of :func:`dq_kernel` (strides ``sg*``); dv: ``[B, T, H, V]``
+    (strides ``su*``); kdk: ``[B, H, N·C]``."""
+    i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t = i_c * C + tl.arange(0, C)
+    rk, rv = tl.arange(0, BK), tl.arange(0, BV)
+    tile = rk[:, None] * BV + rv[None, :]
+    levels = fenwick_levels(C, C_LOG)
+    q_ptr += i_b.to(tl.int64) * sqb
+    k_ptr += i_b.to(tl.int64) * sqb
+    if SHARED:
+        q = load_tile(q_ptr, sqt, t, T, rk, K)
+        k = load_tile(k_ptr, sqt, t, T, rk, K)
+        scores = tl.dot(q, tl.trans(k), input_precision=IP)
+        dk_group = tl.zeros((C, BK), dtype=gc_ptr.dtype.element_ty)
+    for hh in range(HG):
+        h = i_g * HG + hh
+        bh = (i_b * H + h).to(tl.int64)
+        if not SHARED:
+            q = load_tile(q_ptr + h * sqh, sqt, t, T, rk, K)
+            k = load_tile(k_ptr + h * sqh, sqt, t, T, rk, K)
+            scores = tl.dot(q, tl.trans(k), input_precision=IP)
+        v = load_tile(v_ptr + i_b.to(tl.int64) * svb + h * svh, svt, t, T, rv, V)
+        do = load_tile(do_ptr + i_b.to(tl.int64) * sdb + h * sdh, sdt, t, T, rv, V)
+        gc = tl.load(gc_ptr + bh * N * C + t)
+        lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + h * slh, slt, t, T, L, BL, gc.dtype)
+        weights = decay_matrix(gc, C) * level_matrix(lam, levels, C_LOG, BL)
+        d_scores = tl.dot(do, tl.trans(v), input_precision=IP) * weights
+        dv = tl.dot(tl.trans((scores * weights).to(do.dtype)), do, input_precision=IP)
+        dk = tl.dot(tl.trans(d_scores.to(q.dtype)), q, input_precision=IP)
+        # the gradient of this chunk's leaf: its read ancestors' node gradients, decayed to the chunk's end
+        g_end = tl.load(gend_ptr + bh * N + i_c)
+        d_leaf = tl.zeros((BK, BV), dtype=gc.dtype)
+        for height in range(n_levels):
+            if ((i_c >> height) & 1) == 0:
+                e = (((i_c >> height) + 1) << height) - 1  # last chunk of the ancestor of this height
+                if e + 1 < N:  # a left child with readers
+                    if height < M:
+                        d_node = tl.load(dnode_ptr + (bh * N + e) * BK * BV + tile).to(gc.dtype)
+                    else:
+                        d_node = tl.load(dupper_ptr + (bh * NB + ((e + 1) >> M) - 1) * BK * BV + tile)
+                    d_leaf += tl.exp((tl.load(gend_ptr + bh * N + e) - g_end).to(gc.dtype)) * d_node
+        to_end = tl.exp(tl.load(gc_ptr + bh * N * C + i_c * C + C - 1) - gc)
+        d_leaf = d_leaf.to(dnode_ptr.dtype.element_ty)
+        dv += tl.dot((k * to_end[:, None]).to(d_leaf.dtype), d_leaf, input_precision=IP)
+        dk += tl.dot(v.to(d_leaf.dtype), tl.trans(d_leaf), input_precision=IP) * to_end[:, None]
+        tl.store(kdk_ptr + bh * N * C + t, tl.sum(k * dk, 1))
+        store_tile(dv_ptr + i_b.to(tl.int64) * sub + h * suh, sut, t, T, rv, V, dv)
+        if SHARED:
+            dk_group += dk
+        else:
+            store_tile(dk_ptr + i_b.to(tl.int64) * sgb + h * sgh, sgt, t, T, rk, K, dk)
+    if SHARED:
+        store_tile(dk_ptr + i_b.to(tl.int64) * sgb + i_g * sgh, sgt, t, T, rk, K, dk_group)
+
+
+def loglinear_backward(q, k, v, level_scales, gc, gend, nodes, do, chunk_size: int = 64,
+                       config: LaunchConfig = LaunchConfig(), grads: dict | None = None):
+    """Gradients of :func:`~loglin_edu.kernels.chunk_tree.loglinear_forward`: ``(dq, dk, dv, dlam, dG)``.
+
+    Inputs as the forward's (``nodes`` is what it returned), do: ``[B, T, H, V]``. dq, dk are shaped
+    like q, k (summed over heads when shared); dG: ``[B, H, N·C]`` is the gradient of the cumulative
+    decay. ``grads`` may hold preallocated outputs ``"dv"``, ``"dlam"`` and, for per-head q/k, ``"dq"``,
+    ``"dk"`` (any strides, last dimension contiguous; ``dlam`` zeroed).
+    """
+    grads = dict(grads or {})
+    B, T, Hk, K = q.shape
+    H, V, L = v.shape[2], v.shape[3], level_scales.shape[3]
+    N = -(-T // chunk_size)
+    BK, BV, M = block(K), block(V), config.block_levels
+    n_levels = chunk_levels(T, chunk_size)
+    NB = -(-N // (1 << M))
+    acc = accumulator_dtype(q.dtype)
+    shared = Hk == 1
+    HG = config.group(H)
+    d_nodes = torch.empty(B, H, N, BK, BV, device=q.device, dtype=state_dtype(q.dtype))
+    d_upper = torch.zeros(B, H, NB if n_levels > M else 1, BK, BV, device=q.device, dtype=acc)
+    sqh = 0 if shared else q.stride(2)
+    node_grad_kernel[(H, NB, B)](
+        q, do, level_scales, gc, gend, d_nodes, d_upper, T, N, NB if n_levels > M else 1, H, K, V, L,
+        n_levels, min(M, n_levels),
+        q.stride(0), q.stride(1), sqh, do.stride(0), do.stride(1), do.stride(2),
+        level_scales.stride(0), level_scales.stride(1), level_scales.stride(2),
+        C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=BK, BV=BV, M=M, IP=dot_precision(q.dtype),
+        num_warps=config.tree_warps,
+    )
+    if shared:
+        dq = torch.empty(B, T, H // HG, K, device=q.device, dtype=acc)
+        dk = torch.empty_like(dq)
+    else:
+        dq = grads.get("dq", torch.empty(B, T, H, K, device=q.device, dtype=q.dtype))
+        dk = grads.get("dk", torch.empty(B, T, H, K, device=q.device, dtype=q.dtype))
+    dv = grads.get("dv", torch.empty(B, T, H, V, device=q.device, dtype=v.dtype))
+    dlam = grads.get("dlam", torch.zeros(B, T, H, L, device=q.device, dtype=level_scales.dtype))
+    qdq = torch.empty(B, H, N * chunk_size, device=q.device, dtype=acc)
+    kdk = torch.empty_like(qdq)
+    common = dict(C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=BK, BV=BV, BL=level_block(T, chunk_size),
+                  HG=HG, SHARED=shared, IP=dot_precision(q.dtype), num_warps=config.num_warps)
+    strides = (q.stride(0), q.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2),
+               level_scales.stride(0), level_scales.stride(1), level_scales.stride(2),
+               do.stride(0), do.stride(1), do.stride(2), dq.stride(0), dq.stride(1), dq.stride(2))
+    dq_kernel[(H // HG, N, B)](
+        q, k, v, level_scales, gc, gend, nodes, do, dq, dlam, qdq, T, N, H, K, V, L, n_levels,
+        *strides, dlam.stride(0), dlam.stride(1), dlam.stride(2), **common,
+    )
+    dkdv_kernel[(H // HG, N, B)](
+        q, k, v, level_scales, gc, gend, d_nodes, d_upper, do, dk, dv, kdk, T, N, d_upper.shape[2], H, K, V, L,
+        n_levels, *strides[:12], dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        M=M, **common,
+    )
+    if shared:
+        dq, dk = (x.sum(2, keepdim=True).to(q.dtype) for x in (dq, dk))
+    return dq, dk, dv, dlam, qdq - kdk

@@ -1,0 +1,243 @@
+"""Step 3 — the inter-chunk levels: a Fenwick tree of states over chunks, and the output kernel.
+
+A query in chunk ``c`` reads, at chunk level ``ℓ`` (bit ``ℓ - 1`` of ``c`` set), the keys of exactly
+one aligned block of ``2^(ℓ-1)`` chunks: the left half of the aligned ``2^ℓ``-chunk block holding
+``c``. Call its state, decayed to its own last token ``e``,
+
+    S_node = Σ_{s in node} exp(G_e - G_s) k_s v_sᵀ                 ([K, V])
+
+Every such node is the sum of two children, ``S = exp(G_e - G_mid) S_left + S_right``, so all of them
+together form a segment tree over the chunks, built bottom-up in ``log2 N`` rounds instead of a walk
+of ``N`` steps. The nodes that are ever read are the *left* children, and the left child of height
+``h`` ending at chunk ``e`` is exactly the node for which ``e + 1`` has ``h`` trailing zeros: one node
+per chunk. So the nodes live in a ``[B, H, N, K, V]`` buffer, slot ``e`` holding the node that ends at
+chunk ``e`` — a Fenwick tree over chunks.
+
+The output of chunk ``c`` (``c0 = log2 C``):
+
+    o = ((Q Kᵀ) ⊙ E ⊙ Λ) V                                                     (step 2)
+      + Σ_{ℓ: bit ℓ-1 of c} diag(λ[:, c0 + ℓ] · exp(gc + G_{start(c)-1} - G_e(ℓ))) Q S_node(ℓ)
+
+The first exponential per token, the second a scalar per level; all levels are summed in fp32
+registers and o is written once.
+
+Three launches (shapes per program in brackets):
+
+1. :func:`fenwick_tree_kernel`, grid ``(H, N / 2^m, B)``: one program owns ``2^m`` chunks (the fused
+   subtree). For each chunk: the leaf ``K̃ᵀ V`` (``[C, K]ᵀ [C, V]``), then a binary counter merges it
+   with the left siblings it completes (stored a moment earlier by the same program, so read back
+   from L2) and stores the result in its Fenwick slot. The block's root goes to a small fp32 buffer.
+2. :func:`fenwick_upper_kernel`, grid ``(H, B)``: the same binary counter over block roots, for the
+   ``log2(N / 2^m)`` levels above the blocks: ``N / 2^m`` steps of a ``[K, V]`` add.
+3. :func:`loglinear_fwd_kernel`, grid ``(H / head_group, N, B)``: step 2's product plus one
+   ``[C, K] × [K, V]`` product per level read.
+
+Memory traffic: q, k, v read twice (tree and output), o written once, one ``K × V`` node written per
+chunk and read by ``popcount(c)`` chunks (mostly from L2: a node of level ``ℓ`` is read by the
+``2^(ℓ-1)`` consecutive chunks that follow it). Work: ``2·T·K·V`` flops for the leaves,
+``2·C·T·(K + V)`` inside chunks, ``2·T·K·V`` per level read — on average ``log2(N) / 2`` of them.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import LaunchConfig, accumulator_dtype, block, dot_precision, state_dtype
+from .intra_chunk import fenwick_levels, level_column, level_matrix, load_level_scales
+from .mamba2_chunked import decay_matrix, load_tile, store_tile
+
+
+@triton.jit
+def trailing_ones(x, BITS):
+    """Number of trailing one bits of ``x`` among its lowest ``BITS``: how many merges a binary counter
+    makes when the item ``x`` (0-based) completes."""
+    ones = 0
+    run = 1
+    for bit in range(BITS):
+        run = run & ((x >> bit) & 1)
+        ones += run
+    return ones
+
+
+@triton.jit
+def fenwick_tree_kernel(
+    k_ptr, v_ptr, gc_ptr, gend_ptr, node_ptr, root_ptr,
+    T, N, NB, H, K, V,
+    sqb, sqt, sqh, svb, svt, svh,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, M: tl.constexpr, IP: tl.constexpr,
+):
+    """Grid ``(H, NB, B)``, ``NB = ceil(N / 2^M)``. node: ``[B, H, N, BK, BV]``; root: fp32 ``[B, H, NB, BK, BV]``."""
+    i_h, i_blk, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    bh = (i_b * H + i_h).to(tl.int64)
+    rk, rv = tl.arange(0, BK), tl.arange(0, BV)
+    tile = rk[:, None] * BV + rv[None, :]
+    k_ptr += i_b.to(tl.int64) * sqb + i_h * sqh
+    v_ptr += i_b.to(tl.int64) * svb + i_h * svh
+    gc_ptr += bh * N * C
+    gend_ptr += bh * N
+    node_ptr += bh * N * BK * BV
+    for i in range(1 << M):
+        c = (i_blk << M) + i
+        if c < N:
+            t = c * C + tl.arange(0, C)
+            k = load_tile(k_ptr, sqt, t, T, rk, K)
+            v = load_tile(v_ptr, svt, t, T, rv, V)
+            gc = tl.load(gc_ptr + t)
+            g_last = tl.load(gc_ptr + c * C + C - 1)
+            k_to_end = (k * tl.exp(g_last - gc)[:, None]).to(v.dtype)
+            state = tl.dot(tl.trans(k_to_end), v, input_precision=IP)  # the leaf, decayed to its end
+            g_end = tl.load(gend_ptr + c)
+            merges = trailing_ones(i, M)
+            for height in range(merges):  # merge with the left sibling of each height this chunk completes
+                e = c - (1 << height)
+                left = tl.load(node_ptr + e.to(tl.int64) * BK * BV + tile).to(state.dtype)
+                state = tl.exp((g_end - tl.load(gend_ptr + e)).to(state.dtype)) * left + state
+            if merges < M:  # a left node inside the block
+                tl.store(node_ptr + c.to(tl.int64) * BK * BV + tile, state.to(node_ptr.dtype.element_ty))
+            else:  # the block's root: the tree above the blocks needs it, left or right
+                tl.store(root_ptr + (bh * NB + i_blk) * BK * BV + tile, state)
+                if (i_blk & 1) == 0:
+                    tl.store(node_ptr + c.to(tl.int64) * BK * BV + tile, state.to(node_ptr.dtype.element_ty))
+            tl.debug_barrier()  # the next merge reads what this one stored
+
+
+@triton.jit
+def fenwick_upper_kernel(
+    gend_ptr, node_ptr, root_ptr, N, NB, NB_FULL, H, ROOT_BITS,
+    BK: tl.constexpr, BV: tl.constexpr, M: tl.constexpr,
+):
+    """Grid ``(H, B)``: the binary counter over the ``NB_FULL`` complete block roots (levels above ``M``)."""
+    i_h, i_b = tl.program_id(0), tl.program_id(1)
+    bh = (i_b * H + i_h).to(tl.int64)
+    tile = tl.arange(0, BK)[:, None] * BV + tl.arange(0, BV)[None, :]
+    gend_ptr += bh * N
+    node_ptr += bh * N * BK * BV
+    for beta in range(NB_FULL):
+        c = ((beta + 1) << M) - 1  # last chunk of block beta
+        state = tl.load(root_ptr + (bh * NB + beta) * BK * BV + tile)
+        g_end = tl.load(gend_ptr + c)
+        merges = trailing_ones(beta, ROOT_BITS)
+        for height in range(merges):
+            e = c - (1 << (M + height))
+            left = tl.load(node_ptr + e.to(tl.int64) * BK * BV + tile).to(state.dtype)
+            state = tl.exp((g_end - tl.load(gend_ptr + e)).to(state.dtype)) * left + state
+        if merges > 0:  # an even block's root was stored by the tree kernel already
+            tl.store(node_ptr + c.to(tl.int64) * BK * BV + tile, state.to(node_ptr.dtype.element_ty))
+        tl.debug_barrier()
+
+
+@triton.jit
+def read_levels(
+    out, q, lam, gc, gend_ptr, node_ptr, i_c, n_levels,
+    C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr, IP: tl.constexpr,
+):
+    """``out + Σ_ℓ diag(λ[:, C_LOG + ℓ] · exp(gc + G_{start-1} - G_e)) q S_node(ℓ)`` over the chunk levels
+    ``ℓ`` whose bit is set in ``i_c``. q: [C, BK]; lam: [C, BL]; gc: [C]; out: [C, BV] fp32."""
+    tile = tl.arange(0, BK)[:, None] * BV + tl.arange(0, BV)[None, :]
+    g_start = tl.load(gend_ptr + tl.maximum(i_c - 1, 0))  # G at the token before the chunk
+    for level in range(1, n_levels + 1):
+        if ((i_c >> (level - 1)) & 1) == 1:
+            e = ((i_c >> level) << level) + (1 << (level - 1)) - 1  # the node this level reads
+            node = tl.load(node_ptr + e.to(tl.int64) * BK * BV + tile)
+            decay = (g_start - tl.load(gend_ptr + e)).to(gc.dtype)
+            scale = level_column(lam, C_LOG + level, BL) * tl.exp(gc + decay)
+            out += tl.dot((q * scale[:, None]).to(node.dtype), node, input_precision=IP)
+    return out
+
+
+@triton.jit
+def loglinear_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, node_ptr, o_ptr,
+    T, N, H, K, V, L, n_levels,
+    sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sob, sot, soh,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
+    HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
+):
+    """Grid ``(H / HG, N, B)``: chunk ``i_c`` for heads ``i_g·HG ..``; levels inside the chunk, then the nodes."""
+    i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t = i_c * C + tl.arange(0, C)
+    rk, rv = tl.arange(0, BK), tl.arange(0, BV)
+    levels = fenwick_levels(C, C_LOG)
+    q_ptr += i_b.to(tl.int64) * sqb
+    k_ptr += i_b.to(tl.int64) * sqb
+    if SHARED:  # one q, k for every head: Q Kᵀ once per chunk
+        q = load_tile(q_ptr, sqt, t, T, rk, K)
+        k = load_tile(k_ptr, sqt, t, T, rk, K)
+        scores = tl.dot(q, tl.trans(k), input_precision=IP)
+    for hh in range(HG):
+        h = i_g * HG + hh
+        bh = (i_b * H + h).to(tl.int64)
+        if not SHARED:
+            q = load_tile(q_ptr + h * sqh, sqt, t, T, rk, K)
+            k = load_tile(k_ptr + h * sqh, sqt, t, T, rk, K)
+            scores = tl.dot(q, tl.trans(k), input_precision=IP)
+        v = load_tile(v_ptr + i_b.to(tl.int64) * svb + h * svh, svt, t, T, rv, V)
+        gc = tl.load(gc_ptr + bh * N * C + t)
+        lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + h * slh, slt, t, T, L, BL, gc.dtype)
+        weights = decay_matrix(gc, C) * level_matrix(lam, levels, C_LOG, BL)
+        out = tl.dot((scores * weights).to(v.dtype), v, input_precision=IP)
+        out = read_levels(out, q, lam, gc, gend_ptr + bh * N, node_ptr + bh * N * BK * BV, i_c, n_levels,
+                          C_LOG, BK, BV, BL, IP)
+        store_tile(o_ptr + i_b.to(tl.int64) * sob + h * soh, sot, t, T, rv, V, out)
+
+
+def chunk_levels(T: int, chunk_size: int) -> int:
+    """Chunk levels ``n = bit_length(N - 1)`` of a length-``T`` sequence (``N = ceil(T / C)`` chunks)."""
+    return (-(-T // chunk_size) - 1).bit_length()
+
+
+def level_block(T: int, chunk_size: int) -> int:
+    """``BL``: columns of the level-scale tile, covering levels ``0..log2 C + n``."""
+    return block(chunk_size.bit_length() + chunk_levels(T, chunk_size))
+
+
+def build_tree(k, v, gc, gend, chunk_size: int, config: LaunchConfig = LaunchConfig()) -> torch.Tensor:
+    """The Fenwick tree of chunk states: ``[B, H, N, BK, BV]`` (state dtype; slot ``e`` = the left node
+    ending at chunk ``e``). k: ``[B, T, H or 1, K]``; v: ``[B, T, H, V]``; gc, gend from ``chunk_decay``."""
+    B, T, Hk, K = k.shape
+    H, V = v.shape[2], v.shape[3]
+    N = -(-T // chunk_size)
+    BK, BV, M = block(K), block(V), config.block_levels
+    NB = -(-N // (1 << M))
+    nodes = torch.empty(B, H, N, BK, BV, device=k.device, dtype=state_dtype(k.dtype))
+    upper = chunk_levels(T, chunk_size) > M
+    roots = torch.empty(B, H, NB if upper else 1, BK, BV, device=k.device, dtype=accumulator_dtype(k.dtype))
+    sqh = 0 if Hk == 1 else k.stride(2)
+    fenwick_tree_kernel[(H, NB, B)](
+        k, v, gc, gend, nodes, roots, T, N, NB if upper else 0, H, K, V,
+        k.stride(0), k.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2),
+        C=chunk_size, BK=BK, BV=BV, M=M, IP=dot_precision(k.dtype), num_warps=config.tree_warps,
+    )
+    if upper:
+        nb_full = N >> M
+        fenwick_upper_kernel[(H, B)](
+            gend, nodes, roots, N, NB, nb_full, H, max(nb_full.bit_length(), 1),
+            BK=BK, BV=BV, M=M, num_warps=config.tree_warps,
+        )
+    return nodes
+
+
+def loglinear_forward(q, k, v, level_scales, gc, gend, chunk_size: int = 64,
+                      config: LaunchConfig = LaunchConfig(), out: torch.Tensor | None = None):
+    """Log-linear Mamba-2 forward: ``(o, nodes)``.
+
+    q, k: ``[B, T, H or 1, K]`` with equal strides and ``K <= 128``; v: ``[B, T, H, V]`` (``V <= 128``);
+    level_scales: ``[B, T, H, L]``; gc, gend from :func:`~loglin_edu.kernels._common.chunk_decay`;
+    every last dimension contiguous. ``out`` (optional, ``[B, T, H, V]``, any strides) receives o.
+    """
+    B, T, Hk, K = q.shape
+    H, V, L = v.shape[2], v.shape[3], level_scales.shape[3]
+    N = -(-T // chunk_size)
+    nodes = build_tree(k, v, gc, gend, chunk_size, config)
+    o = torch.empty(B, T, H, V, device=v.device, dtype=v.dtype) if out is None else out
+    HG = config.group(H)
+    loglinear_fwd_kernel[(H // HG, N, B)](
+        q, k, v, level_scales, gc, gend, nodes, o, T, N, H, K, V, L, chunk_levels(T, chunk_size),
+        q.stride(0), q.stride(1), 0 if Hk == 1 else q.stride(2), v.stride(0), v.stride(1), v.stride(2),
+        level_scales.stride(0), level_scales.stride(1), level_scales.stride(2), o.stride(0), o.stride(1), o.stride(2),
+        C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=block(K), BV=block(V), BL=level_block(T, chunk_size),
+        HG=HG, SHARED=Hk == 1, IP=dot_precision(q.dtype), num_warps=config.num_warps,
+    )
+    return o, nodes

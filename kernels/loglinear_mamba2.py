@@ -1,0 +1,77 @@
+"""Step 5 — the autograd Function behind ``loglinear_attention(..., form="triton")``.
+
+:class:`LogLinearMamba2` runs step 3 forward and step 4 backward on one block of key and value
+columns (``K, V <= 128``); :func:`loglinear_mamba2` takes any shapes:
+
+- any ``T``: the kernels mask the tokens past ``T`` (no copy is padded);
+- any ``K, V``: padded to tiles of 16..128 inside the kernels; wider heads are cut into blocks of 128
+  columns — the operator is linear in ``v`` and, for fixed masks, bilinear in ``(q, k)``, so
+  ``o = Σ_key blocks o(q_b, k_b)`` and the value blocks are independent;
+- q, k per head or shared by all heads (``H = 1``, Mamba-2's single group);
+- fp32, fp16, bf16 (fp64 too, under the interpreter) inputs, fp32 accumulation.
+
+Nothing is ``T × T``: besides the outputs, memory holds one ``K × V`` state per chunk (forward, kept for
+the backward) and one node gradient per chunk (backward).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import MAX_BLOCK, LaunchConfig, chunk_decay, last_dim_contiguous, reverse_cumsum
+from .backward import loglinear_backward
+from .chunk_tree import loglinear_forward
+
+CONFIG = LaunchConfig(head_group=8, block_levels=4, num_warps=4, tree_warps=4)
+"""Launch configuration used by :func:`loglinear_mamba2` (measured on an H200: see kernels/NOTES.md)."""
+
+
+class LogLinearMamba2(torch.autograd.Function):
+    """``o = loglinear_mamba2(q, k, v, level_scales, log_decay)`` for ``K, V <= 128``, with its backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, level_scales, log_decay, chunk_size, config):
+        q, k, v, level_scales = (last_dim_contiguous(x) for x in (q, k, v, level_scales))
+        if q.stride() != k.stride():
+            q, k = q.contiguous(), k.contiguous()
+        B, T, H = v.shape[:3]
+        gc, gend = chunk_decay(log_decay, B, T, H, chunk_size, q.device, q.dtype)
+        o, nodes = loglinear_forward(q, k, v, level_scales, gc, gend, chunk_size, config)
+        ctx.save_for_backward(q, k, v, level_scales, gc, gend, nodes)
+        ctx.chunk_size, ctx.config = chunk_size, config
+        ctx.decay_dtype = None if log_decay is None else log_decay.dtype
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, level_scales, gc, gend, nodes = ctx.saved_tensors
+        dq, dk, dv, dlam, d_cum = loglinear_backward(
+            q, k, v, level_scales, gc, gend, nodes, last_dim_contiguous(do), ctx.chunk_size, ctx.config
+        )
+        dg = None
+        if ctx.decay_dtype is not None:
+            dg = reverse_cumsum(d_cum, -1)[:, :, : q.shape[1]].transpose(1, 2).to(ctx.decay_dtype)
+        return dq, dk, dv, dlam, dg, None, None
+
+
+def loglinear_mamba2(q, k, v, level_scales, log_decay=None, chunk_size: int = 64,
+                     config: LaunchConfig | None = None) -> torch.Tensor:
+    """Log-linear Mamba-2 by the Triton kernels, differentiable.
+
+    q, k: ``[B, T, H, K]`` or ``[B, T, 1, K]`` (shared by heads); v: ``[B, T, H, V]``;
+    level_scales: ``[B, T, H, L]`` (``L >= num_levels(T)``); log_decay: ``[B, T, H]`` (``<= 0``) or None.
+    chunk_size: a power of two, raised to 16 (the smallest ``tl.dot`` tile) if smaller; the result does
+    not depend on it. Returns ``[B, T, H, V]``. Inputs are assumed checked (``loglinear_attention`` does).
+    """
+    chunk_size = max(chunk_size, 16)
+    config = config or CONFIG
+    K, V = q.shape[-1], v.shape[-1]
+    outputs = []
+    for vs in range(0, V, MAX_BLOCK):
+        parts = [
+            LogLinearMamba2.apply(q[..., ks : ks + MAX_BLOCK], k[..., ks : ks + MAX_BLOCK], v[..., vs : vs + MAX_BLOCK],
+                                  level_scales, log_decay, chunk_size, config)
+            for ks in range(0, K, MAX_BLOCK)
+        ]
+        outputs.append(parts[0] if len(parts) == 1 else sum(parts))
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
