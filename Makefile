@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup test test-fast gpu-test book clean
+.PHONY: setup test test-fast gpu-test book book-html book-assets clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,5 +22,26 @@ test-fast: setup
 gpu-test: setup
 	$(PY) -m pytest -q -m gpu
 
+# The book: `make book` sets up .venv, installs MathJax and the widget manager from npm (never committed), then
+# builds _build/html with warnings as errors. Executed notebooks are cached in _build/.jupyter_cache (the tests
+# fill it too), so an unchanged chapter is not executed twice.
+ASSETS := build/web-assets
+NPM_DIR := build/npm
+
+book: setup book-html
+
+book-html: book-assets
+	$(dir $(PY))jupyter-book build . --builder html -W -n --keep-going
+
+book-assets: $(ASSETS)/.installed
+
+$(ASSETS)/.installed:
+	npm install --prefix $(NPM_DIR) --no-audit --no-fund --silent mathjax@3 @jupyter-widgets/html-manager@1
+	rm -rf $(ASSETS) && mkdir -p $(ASSETS)/offline/widgets
+	cp -r $(NPM_DIR)/node_modules/mathjax/es5 $(ASSETS)/offline/mathjax
+	cd $(NPM_DIR)/node_modules/@jupyter-widgets/html-manager/dist && \
+		cp embed.js *.woff *.woff2 *.ttf *.eot *.svg $(CURDIR)/$(ASSETS)/offline/widgets/
+	touch $@
+
 clean:
-	rm -rf $(VENV) _build book/_build .pytest_cache .hypothesis
+	rm -rf $(VENV) _build book/_build build .pytest_cache .hypothesis

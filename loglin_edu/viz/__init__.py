@@ -21,7 +21,7 @@ from .figures import (
     level_colormap,
     stage_table,
 )
-from .notation import MACROS, define_macros
+from .notation import MACROS, define_macros, source
 
 __all__ = [
     "MACROS",
@@ -42,6 +42,7 @@ __all__ = [
     "mask_explorer",
     "query_animation",
     "stage_animation",
+    "source",
     "stage_table",
     "to_html",
 ]

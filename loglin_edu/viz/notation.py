@@ -1,4 +1,4 @@
-"""The book's MathJax macros for the notation of the paper, one definition for the website and the notebooks.
+"""The book's notation (MathJax macros, one definition for the website and the notebooks) and code display.
 
 The website gets them from ``_config.yml`` (a test checks that it holds exactly :data:`MACROS`); a live notebook
 gets them from :func:`define_macros`, which the hidden first cell of every chapter calls.
@@ -36,3 +36,12 @@ def define_macros():
     from IPython.display import Markdown
 
     return Markdown("$$\n" + newcommands() + "\n$$")
+
+
+def source(obj):
+    """``obj``'s source code as a Markdown code block: the book shows the package's code, never a copy."""
+    import inspect
+
+    from IPython.display import Markdown
+
+    return Markdown(f"```python\n{inspect.getsource(obj)}```")
