@@ -1,0 +1,11 @@
+"""Synthetic recall tasks: MQAR (Zoology's multi-query associative recall) and lagged recall.
+
+Each generator returns a :class:`RecallSet`: inputs, labels (-100 except at queries), and the positions
+of every query and of the token that holds its answer, so a chapter can place answers in Fenwick buckets.
+"""
+
+from .lagged import lagged_recall
+from .multiquery import mqar
+from .recall import IGNORE_INDEX, RecallSet
+
+__all__ = ["IGNORE_INDEX", "RecallSet", "lagged_recall", "mqar"]

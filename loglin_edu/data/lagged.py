@@ -1,0 +1,83 @@
+"""Lagged recall: a stream of bindings where keys are re-bound and asked back at many distances.
+
+In MQAR every answer sits in one block at the start, so at ``T = 256`` a query usually finds the whole
+block in a single Fenwick bucket. Here the answers are spread over the past on purpose:
+
+- the sequence is ``T / 2`` slots of two tokens; each sequence uses ``num_keys`` distinct keys;
+- a *binding* slot ``(k, v)`` binds key ``k`` (chosen uniformly among the sequence's keys, so keys are
+  re-bound again and again) to a fresh random value ``v``;
+- ``num_queries`` slots (never slot 0) are *queries* ``(k, filler)``: the label at the key's position is
+  the value ``k`` was **last** bound to; the second token is random and unsupervised. The key asked is
+  the one whose latest binding lies closest to ``lag`` slots back, with ``lag`` drawn log-uniformly from
+  ``[1, slot]``: answers sit at every scale of distance, hence in every Fenwick level.
+
+Worked example (a doctest, checked by the tests), 2 keys, 2 queries, keys 1..15, values 16..31::
+
+    >>> s = lagged_recall(1, seq_len=16, num_keys=2, num_queries=2, vocab_size=32, seed=9)
+    >>> s.inputs[0].tolist()
+    [8, 30, 8, 26, 8, 28, 11, 24, 8, 28, 8, 18, 8, 3, 11, 26]
+    >>> s.labels[0].tolist()
+    [-100, -100, -100, -100, -100, -100, -100, -100, -100, -100, -100, -100, 18, -100, 24, -100]
+    >>> s.source_positions[0].tolist(), s.lags()[0].tolist(), s.levels()[0].tolist()
+    ([11, 7], [1, 7], [3, 4])
+
+Key 8 is bound five times (30, 26, 28, 28, 18); asked at position 12, the answer is its latest value 18,
+shown at position 11. Key 11 was bound once, to 24 at position 7, and is asked at position 14: a lag of
+7 tokens, Fenwick level 4 (bucket {0..7} of query 14). Tokens 3 and 26 after the queries are filler.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .recall import IGNORE_INDEX, RecallSet, distinct_tokens
+
+
+def lagged_recall(
+    num_examples: int,
+    seq_len: int = 256,
+    num_keys: int = 32,
+    num_queries: int = 16,
+    vocab_size: int = 8192,
+    seed: int = 0,
+) -> RecallSet:
+    """``num_examples`` lagged-recall sequences (module docstring): a :class:`RecallSet` with ``Q = num_queries``."""
+    slots = seq_len // 2
+    if seq_len % 2 or not 1 <= num_queries < slots:
+        raise ValueError(f"seq_len must be even with 1 <= num_queries < seq_len/2, got {seq_len}, {num_queries}")
+    key_vocab = vocab_size // 2
+    gen = torch.Generator().manual_seed(seed)
+    N, rows = num_examples, torch.arange(num_examples)
+    keys = distinct_tokens(N, num_keys, 1, key_vocab, gen)  # [N, num_keys]
+    query_slots = 1 + torch.rand(N, slots - 1, generator=gen).topk(num_queries, dim=1).indices.sort(dim=1).values
+    is_query = torch.zeros(N, slots, dtype=torch.bool)
+    is_query[rows[:, None], query_slots] = True
+    binding_key = torch.randint(0, num_keys, (N, slots), generator=gen)
+    binding_value = torch.randint(key_vocab, vocab_size, (N, slots), generator=gen)
+    lag_draw = torch.rand(N, slots, generator=gen, dtype=torch.float64)
+    inputs = torch.randint(0, vocab_size, (N, seq_len), generator=gen)  # filler for the second token of queries
+    labels = torch.full((N, seq_len), IGNORE_INDEX, dtype=torch.long)
+    bound_at = torch.full((N, num_keys), -(10**9), dtype=torch.long)  # slot of each key's latest binding
+    bound_to = torch.zeros(N, num_keys, dtype=torch.long)
+    source_at = torch.zeros(N, slots, dtype=torch.long)  # for a query slot: where its answer was shown
+    for slot in range(slots):
+        ask = is_query[:, slot]
+        # a query asks the key whose latest binding lies closest to a log-uniform lag back
+        lag = torch.exp(lag_draw[:, slot] * math.log(max(slot, 1))).floor().long().clamp(1, max(slot, 1))
+        asked = (bound_at - (slot - lag)[:, None]).abs().argmin(dim=1)
+        bind = binding_key[:, slot]  # a binding gives a random key of the sequence a fresh value
+        key_index = torch.where(ask, asked, bind)
+        inputs[:, 2 * slot] = keys[rows, key_index]
+        inputs[:, 2 * slot + 1] = torch.where(ask, inputs[:, 2 * slot + 1], binding_value[:, slot])
+        labels[:, 2 * slot] = torch.where(ask, bound_to[rows, key_index], IGNORE_INDEX)
+        source_at[:, slot] = 2 * bound_at[rows, key_index] + 1
+        binds = rows[~ask]
+        bound_at[binds, bind[binds]] = slot
+        bound_to[binds, bind[binds]] = binding_value[binds, slot]
+    query_positions = 2 * query_slots
+    source_positions = source_at.gather(1, query_slots)
+    info = dict(task="lagged_recall", seq_len=seq_len, num_keys=num_keys, num_queries=num_queries,
+                vocab_size=vocab_size, seed=seed)
+    return RecallSet(inputs, labels, query_positions, source_positions, info)

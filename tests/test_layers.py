@@ -1,0 +1,198 @@
+"""The layers: every form and backend computes the same layer, forward and backward; λ ≡ 1 recovers the
+linear layer; the configured maximum length is enforced; the ensemble runs its members exactly."""
+
+import os
+
+import pytest
+import torch
+
+import loglin_edu as le
+from loglin_edu.layers import (
+    MIXERS,
+    GatedDeltaNet,
+    LanguageModel,
+    LogLinearGatedDeltaNet,
+    LogLinearMamba2,
+    Mamba2,
+    ModelConfig,
+    SoftmaxAttention,
+    build_model,
+    count_parameters,
+    mix,
+    resolve_backend,
+    triton_form_available,
+)
+from loglin_edu.train import Ensemble
+from operators import assert_close
+
+D = 16
+
+
+def make_layer(name, **options):
+    cls = MIXERS[name]
+    if name.startswith("loglinear"):
+        options.setdefault("max_len", 64)
+    if name in ("mamba2", "loglinear_mamba2"):
+        options.setdefault("d_state", 4)
+        options.setdefault("head_dim", 8)
+    torch.manual_seed(0)
+    layer = cls(D, **options).double()
+    with torch.no_grad():  # move every parameter off its special initial value, so each one matters
+        for p in layer.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return layer
+
+
+def forward_backward(layer, x):
+    x = x.detach().clone().requires_grad_(True)
+    out = layer(x)
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
+    (out * weights).sum().backward()
+    grads = {n: torch.zeros_like(p) if p.grad is None else p.grad.clone() for n, p in layer.named_parameters()}
+    layer.zero_grad()
+    return out.detach(), x.grad, grads
+
+
+@pytest.mark.parametrize("name", list(MIXERS))
+@pytest.mark.parametrize("T", [1, 7, 37])
+def test_every_form_gives_the_same_layer(name, T):
+    layer = make_layer(name, backend="torch", chunk_size=8)
+    x = torch.randn(2, T, D, dtype=torch.float64)
+    layer.form = "naive"
+    ref = forward_backward(layer, x)
+    for form in ("recurrent", "chunkwise"):
+        layer.form = form
+        out, dx, grads = forward_backward(layer, x)
+        assert_close(out, ref[0], what=f"{name} {form} output")
+        assert_close(dx, ref[1], what=f"{name} {form} input grad")
+        for n, g in grads.items():
+            assert_close(g, ref[2][n], what=f"{name} {form} grad of {n}")
+
+
+def test_softmax_sdpa_backend_matches_the_package_forms():
+    layer = make_layer("transformer", backend="torch")
+    x = torch.randn(2, 21, D, dtype=torch.float64)
+    ref = forward_backward(layer, x)
+    layer.backend = "sdpa"
+    out, dx, grads = forward_backward(layer, x)
+    assert_close(out, ref[0], what="sdpa output")
+    assert_close(dx, ref[1], what="sdpa input grad")
+
+
+@pytest.mark.parametrize("linear_name, loglinear_name", [("mamba2", "loglinear_mamba2"), ("gated_deltanet", "loglinear_gated_deltanet")])
+@pytest.mark.parametrize("form", ["naive", "recurrent", "chunkwise"])
+def test_unit_level_scales_recover_the_linear_layer(linear_name, loglinear_name, form):
+    loglinear = make_layer(loglinear_name, backend="torch", form=form, chunk_size=8)
+    linear = make_layer(linear_name, backend="torch", form=form, chunk_size=8)
+    state = loglinear.state_dict()
+    if linear_name == "mamba2":  # the linear layer's in_proj is the first rows of the log-linear one's
+        state["in_proj.weight"] = state["in_proj.weight"][: linear.in_proj.out_features]
+    linear.load_state_dict({k: v for k, v in state.items() if k in linear.state_dict()})
+    loglinear.levels.forward = lambda dl: torch.ones(*dl.shape[:2], loglinear.num_heads, loglinear.levels.num_levels,
+                                                     dtype=dl.dtype)
+    x = torch.randn(2, 37, D, dtype=torch.float64)
+    assert_close(loglinear(x), linear(x), rtol=1e-12, what=f"{loglinear_name} with λ ≡ 1 vs {linear_name}")
+    # and λ matters: with its own λ the layer differs
+    del loglinear.levels.forward
+    assert (loglinear(x) - linear(x)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name", ["loglinear_mamba2", "loglinear_gated_deltanet"])
+def test_max_len_fixes_the_levels_and_is_enforced(name):
+    layer = make_layer(name, max_len=16, backend="torch")
+    assert layer.levels.num_levels == le.num_levels(16) == 5
+    layer(torch.randn(1, 16, D, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"T=17.*max_len=16"):
+        layer(torch.randn(1, 17, D, dtype=torch.float64))
+
+
+def test_model_rejects_sequences_past_max_len():
+    model = build_model(ModelConfig("mamba2", vocab_size=32, d_model=D, max_len=8, mixer_options=dict(d_state=4, head_dim=8)))
+    with pytest.raises(ValueError, match="max_len=8"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_backend_resolution():
+    x = torch.zeros(1)
+    assert resolve_backend("auto", x, has_kernel=True) == "torch"  # CPU tensor
+    assert resolve_backend("torch", x, has_kernel=True) == "torch"
+    with pytest.raises(ValueError, match="backend must be one of"):
+        resolve_backend("cuda", x, has_kernel=True)
+    with pytest.raises(ValueError, match="no Triton kernel"):
+        resolve_backend("triton", x, has_kernel=False)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        SoftmaxAttention(D, backend="triton")
+    with pytest.raises(ValueError, match="form must be one of"):
+        Mamba2(D, form="fast")
+
+
+TRITON_ON_CPU = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.mark.skipif(not triton_form_available(), reason="loglinear_attention has no form='triton' yet")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_triton_backend_matches_torch(device):
+    if device == "cpu" and not TRITON_ON_CPU:
+        pytest.skip("the Triton interpreter needs TRITON_INTERPRET=1 before triton is imported")
+    torch.manual_seed(0)
+    layer = LogLinearMamba2(32, d_state=16, head_dim=16, max_len=256, backend="torch").to(device)
+    x = torch.randn(2, 200, 32, device=device)
+    ref = forward_backward(layer, x)
+    layer.backend = "triton"
+    out, dx, grads = forward_backward(layer, x)
+    rel = lambda a, b: (torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b)).item()  # noqa: E731
+    assert rel(out, ref[0]) < 2e-3 and rel(dx, ref[1]) < 2e-3
+    for n, g in grads.items():
+        assert rel(g, ref[2][n]) < 5e-3, n
+
+
+def test_operators_run_in_float32_under_autocast():
+    q, k, v = torch.randn(1, 10, 1, 4), torch.randn(1, 10, 1, 4), torch.randn(1, 10, 2, 3)
+    g = -torch.rand(1, 10, 2)
+    lam = torch.rand(1, 10, 2, 5)
+    ref = mix(q, k, v, g, None, lam)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = mix(q.bfloat16(), k.bfloat16(), v.bfloat16(), g.bfloat16(), None, lam.bfloat16())
+    assert out.dtype == torch.float32
+    assert_close(out, mix(q.bfloat16().float(), k.bfloat16().float(), v.bfloat16().float(), g.bfloat16().float(), None,
+                          lam.bfloat16().float()), rtol=1e-6, what="autocast mix")
+    assert ref.dtype == torch.float32
+
+
+def test_log_linear_layers_add_exactly_the_lambda_parameters():
+    L = le.num_levels(256)
+    for linear, loglinear in (("mamba2", "loglinear_mamba2"), ("gated_deltanet", "loglinear_gated_deltanet")):
+        configs = [ModelConfig(m, vocab_size=100, d_model=32, n_layers=2, max_len=256) for m in (linear, loglinear)]
+        small, big = (count_parameters(build_model(c)) for c in configs)
+        heads = build_model(configs[1]).blocks[0].mixer.num_heads
+        # per layer: a projection of d_model inputs to H·L values, plus the H·L weights L[h, ℓ]
+        assert big["total"] - small["total"] == 2 * (heads * L * 32 + heads * L)
+        assert small["embedding"] == big["embedding"] == 100 * 32  # the head is tied to the embedding
+
+
+def test_model_reads_logits_at_chosen_positions():
+    model = build_model(ModelConfig("gated_deltanet", vocab_size=50, d_model=D, mlp=True), seed=3)
+    tokens = torch.randint(0, 50, (3, 11))
+    positions = torch.tensor([0, 5, 12, 32])
+    assert torch.equal(model(tokens, positions), model(tokens).flatten(0, 1)[positions])
+    assert isinstance(model, LanguageModel) and model.blocks[0].mlp is not None
+
+
+@pytest.mark.parametrize("name", list(MIXERS))
+def test_ensemble_runs_each_member_exactly(name):
+    config = ModelConfig(name, vocab_size=40, d_model=D, max_len=32,
+                         mixer_options=dict(backend="torch", chunk_size=8) | ({} if name == "transformer" else {}))
+    models = [build_model(config, seed=s).double() for s in (0, 1, 2)]
+    ensemble = Ensemble(models)
+    tokens = torch.randint(0, 40, (3, 2, 19))
+    positions = torch.tensor([[1, 20, 37]] * 3)
+    out = ensemble(tokens, positions)
+    out.sum().backward()
+    for i, model in enumerate(models):
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        model.zero_grad()
+        alone = model(tokens[i], positions[i])
+        alone.sum().backward()
+        assert_close(out[i], alone, what=f"{name} member {i} output")
+        for n, p in model.named_parameters():
+            assert_close(grads[n], p.grad, what=f"{name} member {i} grad of {n}")
