@@ -13,17 +13,19 @@ block in a single Fenwick bucket. Here the answers are spread over the past on p
 
 Worked example (a doctest, checked by the tests), 2 keys, 2 queries, keys 1..15, values 16..31::
 
-    >>> s = lagged_recall(1, seq_len=16, num_keys=2, num_queries=2, vocab_size=32, seed=9)
+    >>> s = lagged_recall(1, seq_len=16, num_keys=2, num_queries=2, vocab_size=32, seed=22)
     >>> s.inputs[0].tolist()
-    [8, 30, 8, 26, 8, 28, 11, 24, 8, 28, 8, 18, 8, 3, 11, 26]
+    [15, 24, 2, 26, 15, 29, 2, 23, 15, 18, 15, 11, 15, 31, 2, 29]
     >>> s.labels[0].tolist()
-    [-100, -100, -100, -100, -100, -100, -100, -100, -100, -100, -100, -100, 18, -100, 24, -100]
+    [-100, -100, -100, -100, -100, -100, -100, -100, -100, -100, 18, -100, -100, -100, 23, -100]
     >>> s.source_positions[0].tolist(), s.lags()[0].tolist(), s.levels()[0].tolist()
-    ([11, 7], [1, 7], [3, 4])
+    ([9, 7], [1, 7], [2, 4])
 
-Key 8 is bound five times (30, 26, 28, 28, 18); asked at position 12, the answer is its latest value 18,
-shown at position 11. Key 11 was bound once, to 24 at position 7, and is asked at position 14: a lag of
-7 tokens, Fenwick level 4 (bucket {0..7} of query 14). Tokens 3 and 26 after the queries are filler.
+Key 15 is bound three times (to 24, 29, 18) before it is asked at position 10: the answer is its latest
+value 18, shown at position 9 (lag 1, Fenwick level 2). Key 2 was bound to 26, then to 23 at position 7;
+asked at position 14, its answer 23 lies 7 tokens back, at level 4 (the bucket {0..7} of query 14).
+Tokens 11 and 29 after the queries are filler; the binding (15, 31) after the first query changes
+nothing before it.
 """
 
 from __future__ import annotations
@@ -54,28 +56,30 @@ def lagged_recall(
     query_slots = 1 + torch.rand(N, slots - 1, generator=gen).topk(num_queries, dim=1).indices.sort(dim=1).values
     is_query = torch.zeros(N, slots, dtype=torch.bool)
     is_query[rows[:, None], query_slots] = True
-    binding_key = torch.randint(0, num_keys, (N, slots), generator=gen)
-    binding_value = torch.randint(key_vocab, vocab_size, (N, slots), generator=gen)
-    lag_draw = torch.rand(N, slots, generator=gen, dtype=torch.float64)
+    # per-slot draws, stored slot-major so that each step reads contiguous rows
+    binding_key = torch.randint(0, num_keys, (slots, N), generator=gen)
+    binding_value = torch.randint(key_vocab, vocab_size, (slots, N), generator=gen)
+    longest = torch.arange(slots).clamp(min=1).log()[:, None]  # lag drawn log-uniformly from [1, slot]
+    lag = torch.exp(torch.rand(slots, N, generator=gen, dtype=torch.float64) * longest).floor().long()
+    lag = torch.minimum(lag.clamp(min=1), torch.arange(slots).clamp(min=1)[:, None])
+    ask_at = is_query.T.contiguous()
     inputs = torch.randint(0, vocab_size, (N, seq_len), generator=gen)  # filler for the second token of queries
     labels = torch.full((N, seq_len), IGNORE_INDEX, dtype=torch.long)
     bound_at = torch.full((N, num_keys), -(10**9), dtype=torch.long)  # slot of each key's latest binding
     bound_to = torch.zeros(N, num_keys, dtype=torch.long)
     source_at = torch.zeros(N, slots, dtype=torch.long)  # for a query slot: where its answer was shown
     for slot in range(slots):
-        ask = is_query[:, slot]
-        # a query asks the key whose latest binding lies closest to a log-uniform lag back
-        lag = torch.exp(lag_draw[:, slot] * math.log(max(slot, 1))).floor().long().clamp(1, max(slot, 1))
-        asked = (bound_at - (slot - lag)[:, None]).abs().argmin(dim=1)
-        bind = binding_key[:, slot]  # a binding gives a random key of the sequence a fresh value
-        key_index = torch.where(ask, asked, bind)
-        inputs[:, 2 * slot] = keys[rows, key_index]
-        inputs[:, 2 * slot + 1] = torch.where(ask, inputs[:, 2 * slot + 1], binding_value[:, slot])
-        labels[:, 2 * slot] = torch.where(ask, bound_to[rows, key_index], IGNORE_INDEX)
-        source_at[:, slot] = 2 * bound_at[rows, key_index] + 1
-        binds = rows[~ask]
-        bound_at[binds, bind[binds]] = slot
-        bound_to[binds, bind[binds]] = binding_value[binds, slot]
+        ask = ask_at[slot]
+        # a query asks the key whose latest binding lies closest to `lag` slots back
+        asked = (bound_at - (slot - lag[slot])[:, None]).abs().argmin(dim=1)
+        key_index = torch.where(ask, asked, binding_key[slot])[:, None]  # a binding: a random key of the sequence
+        was_at, was_to = bound_at.gather(1, key_index)[:, 0], bound_to.gather(1, key_index)[:, 0]
+        inputs[:, 2 * slot] = keys.gather(1, key_index)[:, 0]
+        inputs[:, 2 * slot + 1] = torch.where(ask, inputs[:, 2 * slot + 1], binding_value[slot])
+        labels[:, 2 * slot] = torch.where(ask, was_to, IGNORE_INDEX)
+        source_at[:, slot] = 2 * was_at + 1
+        bound_at.scatter_(1, key_index, torch.where(ask, was_at, slot)[:, None])
+        bound_to.scatter_(1, key_index, torch.where(ask, was_to, binding_value[slot])[:, None])
     query_positions = 2 * query_slots
     source_positions = source_at.gather(1, query_slots)
     info = dict(task="lagged_recall", seq_len=seq_len, num_keys=num_keys, num_queries=num_queries,

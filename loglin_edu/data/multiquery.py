@@ -10,13 +10,13 @@ Worked example (a doctest, checked by the tests), keys 1..15, values 16..31::
 
     >>> s = mqar(1, seq_len=16, num_pairs=2, vocab_size=32, seed=0)
     >>> s.inputs[0].tolist()
-    [8, 27, 2, 22, 5, 30, 2, 15, 8, 18, 3, 24, 17, 19, 29, 19]
+    [15, 21, 10, 16, 15, 19, 21, 18, 4, 23, 10, 24, 24, 12, 26, 1]
     >>> s.labels[0].tolist()
-    [-100, -100, -100, -100, -100, -100, 22, -100, 27, -100, -100, -100, -100, -100, -100, -100]
+    [-100, -100, -100, -100, 21, -100, -100, -100, -100, -100, 16, -100, -100, -100, -100, -100]
 
-The pairs are (8 → 27) and (2 → 22). Key 2 is asked at position 6 (label 22), key 8 at position 8
-(label 27). Every other position after the pairs is random filler, unsupervised (-100); a filler token
-may happen to equal a key or a value, as in Zoology.
+The pairs are (15 → 21) and (10 → 16). Key 15 is asked at position 4 (label 21), key 10 at position 10
+(label 16). Every other position after the pairs is random filler, unsupervised (-100); a filler token
+may happen to equal a key or a value (21 at position 6), as in Zoology.
 """
 
 from __future__ import annotations

@@ -70,8 +70,19 @@ class RecallSet:
 
 
 def distinct_tokens(num_rows: int, count: int, low: int, high: int, generator: torch.Generator) -> torch.Tensor:
-    """``[num_rows, count]`` tokens drawn without replacement from ``[low, high)`` in each row, in random order."""
-    if count > high - low:
+    """``[num_rows, count]`` tokens drawn without replacement from ``[low, high)`` in each row, in random order.
+
+    Rows are drawn with replacement and drawn again while they hold a repeat (rejection sampling: every
+    ordered tuple of distinct tokens is equally likely); a nearly full draw uses random scores' top-k.
+    """
+    size = high - low
+    if count > size:
         raise ValueError(f"cannot draw {count} distinct tokens from [{low}, {high})")
-    scores = torch.rand(num_rows, high - low, generator=generator)
-    return low + scores.topk(count, dim=1).indices
+    if count * count > size:  # repeats are likely: rank random scores instead
+        return low + torch.rand(num_rows, size, generator=generator).topk(count, dim=1).indices
+    out = torch.randint(low, high, (num_rows, count), generator=generator)
+    while True:
+        repeats = (out.sort(dim=1).values.diff(dim=1) == 0).any(dim=1)
+        if not repeats.any():
+            return out
+        out[repeats] = torch.randint(low, high, (int(repeats.sum()), count), generator=generator)

@@ -1,0 +1,359 @@
+"""Associative-recall experiments: five architectures trained through one code path.
+
+    python -m loglin_edu.experiments.mqar --tier cpu                       # minutes on a laptop CPU
+    python -m loglin_edu.experiments.mqar --tier gpu --task mqar --out DIR # the paper's setting, one GPU
+    python -m loglin_edu.experiments.mqar --tier gpu --task lagged --out DIR
+
+A *job* is one architecture at one width: an :class:`~loglin_edu.train.Ensemble` of every (seed, learning
+rate) pair, trained together. The ``gpu`` tier runs its jobs as parallel worker processes on the one GPU
+(each job is far too small to keep it busy) and writes one JSON file with every evaluation, the final
+accuracies, parameter counts, the command, commit, device, library versions and date.
+
+Tiers (:data:`TIERS`):
+
+- ``cpu``: MQAR at T = 64 with 4 and 8 pairs, a 128-token vocabulary, width 32, one seed — small enough
+  for the book build and CI, large enough to show the learning curves of all five models.
+- ``gpu``/``mqar``: Zoology's protocol as the paper uses it: T = 256, 4–64 pairs (one training set per
+  pair count, batches drawn evenly from them), vocabulary 8192, 2 layers, widths 16/32/64.
+- ``gpu``/``lagged``: lagged recall (:mod:`loglin_edu.data.lagged`) at T = 256: answers at every distance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..data import RecallSet, lagged_recall, mqar
+from ..layers.model import MIXERS, ModelConfig
+from ..train import Member, TrainConfig, save_atomic, train
+
+MODELS = tuple(MIXERS)  # transformer, mamba2, loglinear_mamba2, gated_deltanet, loglinear_gated_deltanet
+LABELS = {
+    "transformer": "Transformer",
+    "mamba2": "Mamba-2",
+    "loglinear_mamba2": "log-linear Mamba-2",
+    "gated_deltanet": "Gated DeltaNet",
+    "loglinear_gated_deltanet": "log-linear Gated DeltaNet",
+}
+
+
+@dataclass
+class TaskSpec:
+    """The data of an experiment. task: ``"mqar"`` (one training and test set per entry of ``sizes``, the
+    number of key–value pairs) or ``"lagged"`` (``sizes`` = numbers of queries; ``num_keys`` keys)."""
+
+    task: str = "mqar"
+    seq_len: int = 256
+    vocab_size: int = 8192
+    sizes: tuple[int, ...] = (4, 8, 16, 32, 64)
+    num_keys: int = 32
+    train_examples: int = 20_000
+    test_examples: int = 1_000
+    data_seed: int = 0
+
+
+@dataclass
+class Tier:
+    """Everything one tier runs: the data, the models and widths, the members of each ensemble, training."""
+
+    data: TaskSpec
+    models: tuple[str, ...] = MODELS
+    widths: tuple[int, ...] = (16, 32, 64)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    lrs: tuple[float, ...] = (1e-3, 3e-3)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    n_layers: int = 2
+    chunk_size: int = 64
+
+
+TIERS: dict[str, Tier] = {
+    "cpu": Tier(
+        data=TaskSpec("mqar", seq_len=64, vocab_size=128, sizes=(4, 8), train_examples=4_000, test_examples=250),
+        widths=(32,), seeds=(0,), lrs=(3e-3,), chunk_size=16,
+        train=TrainConfig(steps=400, batch_size=64, warmup_steps=40, eval_every=50, eval_batch_size=250),
+    ),
+    "gpu/mqar": Tier(
+        data=TaskSpec("mqar", seq_len=256, vocab_size=8192, sizes=(4, 8, 16, 32, 64)),
+        train=TrainConfig(steps=2000, batch_size=60, warmup_steps=100, eval_every=250, eval_batch_size=250),
+    ),
+    "gpu/lagged": Tier(
+        data=TaskSpec("lagged", seq_len=256, vocab_size=8192, sizes=(16,), num_keys=32, train_examples=40_000,
+                      test_examples=2_000),
+        widths=(32, 64),
+        train=TrainConfig(steps=2000, batch_size=60, warmup_steps=100, eval_every=250, eval_batch_size=250),
+    ),
+}
+
+
+def mixer_options(model: str, width: int, chunk_size: int) -> dict[str, Any]:
+    """Each architecture's settings at a width (state sizes in :func:`state_size`).
+
+    Transformer: one head (as Zoology's MQAR baseline), RoPE, the dense form (T <= 256).
+    Mamba-2 (both): expand 2, heads of width 16, state width N = 16, one group.
+    Gated DeltaNet (both): 2 heads, key width ``width / 2``, value width ``width``.
+    """
+    if model == "transformer":
+        return dict(num_heads=1, backend="torch", form="naive")
+    if model in ("mamba2", "loglinear_mamba2"):
+        return dict(d_state=16, head_dim=16, expand=2, backend="torch", chunk_size=chunk_size)
+    return dict(num_heads=2, expand_v=2, backend="torch", chunk_size=chunk_size)
+
+
+def model_config(tier: Tier, model: str, width: int) -> ModelConfig:
+    return ModelConfig(
+        model, vocab_size=tier.data.vocab_size, d_model=width, n_layers=tier.n_layers, max_len=tier.data.seq_len,
+        mixer_options=mixer_options(model, width, tier.chunk_size),
+    )
+
+
+def state_size(config: ModelConfig) -> int:
+    """Recurrent state entries per layer (per Fenwick level for the log-linear models; 0 for the Transformer,
+    whose KV cache grows with T)."""
+    from ..layers.model import make_mixer
+
+    mixer = make_mixer(config)
+    if config.mixer in ("mamba2", "loglinear_mamba2"):
+        return mixer.num_heads * mixer.head_dim * mixer.d_state
+    if config.mixer in ("gated_deltanet", "loglinear_gated_deltanet"):
+        return mixer.num_heads * mixer.key_dim * mixer.value_dim
+    return 0
+
+
+def make_sets(spec: TaskSpec, cache: Path | None = None) -> tuple[list[RecallSet], dict[str, RecallSet]]:
+    """Training sets (one per size) and test sets (named ``pairs=P`` or ``queries=Q``), disjoint seeds.
+
+    cache: a file to load the sets from, or to write them to (atomically) when it does not exist yet.
+    """
+    if cache is not None and cache.exists():
+        saved = torch.load(cache, weights_only=False)
+        if saved["spec"] == asdict(spec):
+            return saved["train"], saved["test"]
+    train_sets, test_sets = [], {}
+    for i, size in enumerate(spec.sizes):
+        seeds = (spec.data_seed * 1000 + 2 * i, spec.data_seed * 1000 + 2 * i + 1)
+        if spec.task == "mqar":
+            make = lambda n, s: mqar(n, spec.seq_len, size, spec.vocab_size, seed=s)  # noqa: E731
+            name = f"pairs={size}"
+        elif spec.task == "lagged":
+            make = lambda n, s: lagged_recall(n, spec.seq_len, spec.num_keys, size, spec.vocab_size, seed=s)  # noqa: E731
+            name = f"queries={size}"
+        else:
+            raise ValueError(f"task must be 'mqar' or 'lagged', got {spec.task!r}")
+        train_sets.append(make(spec.train_examples, seeds[0]))
+        test_sets[name] = make(spec.test_examples, seeds[1])
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        save_atomic(dict(spec=asdict(spec), train=train_sets, test=test_sets), cache)
+    return train_sets, test_sets
+
+
+def run_job(tier: Tier, model: str, width: int, *, out_dir: Path | None, device: str, progress: bool = True,
+            sets=None, stop_at: int | None = None, data_cache: Path | None = None) -> dict[str, Any]:
+    """Train one ensemble (every seed and learning rate of ``tier``) of ``model`` at ``width``."""
+    train_sets, test_sets = sets if sets is not None else make_sets(tier.data, data_cache)
+    members = [Member(seed, lr) for seed in tier.seeds for lr in tier.lrs]
+    config = model_config(tier, model, width)
+    record = train(config, members, train_sets, test_sets, tier.train, out_dir=out_dir, name=f"{model}-d{width}",
+                   device=device, progress=progress, stop_at=stop_at)
+    record.update(model_name=model, width=width, state_size=state_size(config))
+    return record
+
+
+def best_by_cell(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For every (model, width, seed): the final accuracy of its best learning rate (Zoology's protocol picks
+    the best learning rate of each cell)."""
+    rows = []
+    for rec in records:
+        for seed in sorted({m["seed"] for m in rec["members"]}):
+            finals = [line for line in rec["final"] if line["seed"] == seed]
+            best = max(finals, key=lambda line: line["accuracy"])
+            rows.append(dict(model=rec["model_name"], width=rec["width"], seed=seed, lr=best["lr"],
+                             accuracy=best["accuracy"], accuracy_by_set=best["accuracy_by_set"],
+                             accuracy_by_level=best["accuracy_by_level"]))
+    return rows
+
+
+def environment(device: str) -> dict[str, Any]:
+    """Device, library versions and date, for the results file."""
+    info = dict(python=platform.python_version(), torch=torch.__version__,
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    try:
+        info["triton"] = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        info["triton"] = None
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["device"] = torch.cuda.get_device_name(0)
+        info["cuda"] = torch.version.cuda
+    else:
+        info["device"] = platform.processor() or platform.machine()
+    return info
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def run_tier(name: str, tier: Tier, *, out: Path | None, device: str, jobs: int = 1, progress: bool = True,
+             commit: str | None = None, command: str | None = None) -> dict[str, Any]:
+    """Every (model, width) job of ``tier``: in this process (``jobs=1``) or in ``jobs`` parallel workers.
+
+    Returns the results record (also written to ``out/results.json`` when ``out`` is given).
+    """
+    start = time.perf_counter()
+    grid = [(m, w) for w in tier.widths for m in tier.models]
+    if jobs <= 1:
+        sets = make_sets(tier.data)
+        records = [run_job(tier, m, w, out_dir=None if out is None else out / f"{m}-d{w}", device=device,
+                           progress=progress, sets=sets) for m, w in grid]
+    else:
+        records = _run_workers(name, tier, grid, out, device, jobs)
+    result = dict(
+        tier=name, command=command or " ".join([Path(sys.executable).name, "-m", __spec__.name if __spec__ else "", *sys.argv[1:]]),
+        commit=commit or git_commit(), environment=environment(device), seconds=round(time.perf_counter() - start, 1),
+        data=asdict(tier.data), train=tier.train.to_dict(), seeds=list(tier.seeds), lrs=list(tier.lrs),
+        models=list(tier.models), widths=list(tier.widths), jobs=records, best=best_by_cell(records),
+    )
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _run_workers(name: str, tier: Tier, grid, out: Path, device: str, jobs: int) -> list[dict[str, Any]]:
+    """Run each (model, width) in its own worker process, ``jobs`` at a time (slowest models first)."""
+    if out is None:
+        raise ValueError("parallel workers need an output directory (--out)")
+    make_sets(tier.data, out / "data.pt")  # once, before the workers load it
+    order = {"loglinear_gated_deltanet": 0, "gated_deltanet": 1, "loglinear_mamba2": 2, "mamba2": 3, "transformer": 4}
+    pending = sorted(grid, key=lambda mw: (order[mw[0]], -mw[1]))
+    running: dict[tuple[str, int], subprocess.Popen] = {}
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    while pending or running:
+        while pending and len(running) < jobs:
+            m, w = pending.pop(0)
+            job_dir = out / f"{m}-d{w}"
+            job_dir.mkdir(parents=True, exist_ok=True)
+            cmd = [sys.executable, "-m", "loglin_edu.experiments.mqar", "--tier", name.split("/")[0],
+                   "--task", tier.data.task, "--worker", m, str(w), "--out", str(job_dir), "--device", device,
+                   "--tier-json", json.dumps(_tier_to_dict(tier))]
+            running[(m, w)] = subprocess.Popen(cmd, env=env, stdout=(job_dir / "stdout.txt").open("w"),
+                                               stderr=subprocess.STDOUT)
+        time.sleep(1.0)
+        for key, proc in list(running.items()):
+            if proc.poll() is not None:
+                del running[key]
+                print(f"[{time.strftime('%H:%M:%S')}] {key[0]}-d{key[1]} finished with code {proc.returncode}", flush=True)
+    records = []
+    for m, w in grid:
+        path = out / f"{m}-d{w}" / "record.json"
+        if path.exists():
+            records.append(json.loads(path.read_text()))
+        else:
+            tail = (out / f"{m}-d{w}" / "stdout.txt").read_text()[-2000:]
+            print(f"{m}-d{w} produced no record:\n{tail}", file=sys.stderr)
+    return records
+
+
+def _tier_to_dict(tier: Tier) -> dict[str, Any]:
+    d = asdict(tier)
+    d["train"]["betas"] = list(d["train"]["betas"])
+    return d
+
+
+def _tier_from_dict(d: dict[str, Any]) -> Tier:
+    data = TaskSpec(**{**d["data"], "sizes": tuple(d["data"]["sizes"])})
+    train_cfg = TrainConfig(**{**d["train"], "betas": tuple(d["train"]["betas"])})
+    return Tier(data=data, models=tuple(d["models"]), widths=tuple(d["widths"]), seeds=tuple(d["seeds"]),
+                lrs=tuple(d["lrs"]), train=train_cfg, n_layers=d["n_layers"], chunk_size=d["chunk_size"])
+
+
+def choose_tier(args: argparse.Namespace) -> tuple[str, Tier]:
+    name = "cpu" if args.tier == "cpu" else f"gpu/{args.task}"
+    tier = TIERS[name]
+    changes = {}
+    if args.models:
+        changes["models"] = tuple(args.models.split(","))
+    if args.widths:
+        changes["widths"] = tuple(int(w) for w in args.widths.split(","))
+    if args.seeds:
+        changes["seeds"] = tuple(int(s) for s in args.seeds.split(","))
+    if args.lrs:
+        changes["lrs"] = tuple(float(x) for x in args.lrs.split(","))
+    train_changes = {k: v for k, v in dict(steps=args.steps, batch_size=args.batch_size, eval_every=args.eval_every,
+                                           amp=args.amp or None).items() if v is not None}
+    if train_changes:
+        changes["train"] = replace(tier.train, **train_changes)
+    return name, replace(tier, **changes)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m loglin_edu.experiments.mqar", description=__doc__.split("\n")[0])
+    parser.add_argument("--tier", choices=["cpu", "gpu"], required=True)
+    parser.add_argument("--task", choices=["mqar", "lagged"], default="mqar", help="gpu tier: which recall task")
+    parser.add_argument("--out", type=Path, default=None, help="directory for logs, checkpoints and results.json")
+    parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    parser.add_argument("--jobs", type=int, default=1, help="parallel worker processes (gpu tier)")
+    parser.add_argument("--models", help="comma-separated subset of " + ",".join(MODELS))
+    parser.add_argument("--widths", help="comma-separated model widths")
+    parser.add_argument("--seeds", help="comma-separated seeds")
+    parser.add_argument("--lrs", help="comma-separated peak learning rates")
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--eval-every", type=int)
+    parser.add_argument("--amp", action="store_true", help="bf16 autocast on CUDA (operators stay float32)")
+    parser.add_argument("--commit", help="commit hash to record (default: git rev-parse HEAD)")
+    parser.add_argument("--results", type=Path, help="also copy results.json here (e.g. book/results/mqar_gpu.json)")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--worker", nargs=2, metavar=("MODEL", "WIDTH"), help=argparse.SUPPRESS)
+    parser.add_argument("--tier-json", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.worker:
+        tier = _tier_from_dict(json.loads(args.tier_json))
+        record = run_job(tier, args.worker[0], int(args.worker[1]), out_dir=args.out, device=device, progress=False,
+                         data_cache=args.out.parent / "data.pt")
+        (args.out / "record.json").write_text(json.dumps(record))
+        return
+    name, tier = choose_tier(args)
+    if device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = False  # the comparisons stay in true float32
+    command = "python -m loglin_edu.experiments.mqar " + " ".join(argv if argv is not None else sys.argv[1:])
+    result = run_tier(name, tier, out=args.out, device=device, jobs=args.jobs, progress=not args.no_progress,
+                      commit=args.commit, command=command)
+    if args.results:
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        args.results.write_text(json.dumps(result, indent=1))
+    for row in summary_table(result):
+        print(row)
+
+
+def summary_table(result: dict[str, Any]) -> list[str]:
+    """Mean ± std over seeds of the best-learning-rate accuracy, one line per model, one column per width."""
+    lines = [f"{'model':<28}" + "".join(f"{'d=' + str(w):>16}" for w in result["widths"])]
+    for model in result["models"]:
+        cells = []
+        for w in result["widths"]:
+            accs = torch.tensor([r["accuracy"] for r in result["best"] if r["model"] == model and r["width"] == w])
+            cells.append(f"{100 * accs.mean():6.1f} ± {100 * accs.std(unbiased=False):4.1f}" if len(accs) else "-")
+        lines.append(f"{LABELS[model]:<28}" + "".join(f"{c:>16}" for c in cells))
+    return lines
+
+
+if __name__ == "__main__":
+    main()
