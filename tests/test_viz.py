@@ -74,6 +74,7 @@ def test_figures_and_animations_render():
     plt.close("all")
     html = viz.to_html(viz.query_animation(4)).data
     assert html.count("data:image/png;base64") >= 1 and 'type="range"' in html
+    assert "http" not in html and "fa-play" not in html  # nothing to fetch: the page works offline
     assert not plt.get_fignums()  # to_html closed the figure
 
 

@@ -6,6 +6,8 @@ HTML player (every frame embedded as an image, a slider to move through them).
 
 from __future__ import annotations
 
+import re
+
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.animation import FuncAnimation
@@ -64,10 +66,22 @@ def stage_animation(seq_len: int, chunk_size: int) -> FuncAnimation:
     return FuncAnimation(fig, frame, frames=range(n_stages), interval=1000)
 
 
+# matplotlib's player draws its buttons with Font Awesome from a CDN; plain characters keep the page offline.
+_BUTTON_TEXT = {
+    "fa fa-fast-backward": "⇤", "fa fa-step-backward": "‹", "fa fa-play fa-flip-horizontal": "◀",
+    "fa fa-pause": "❚❚", "fa fa-play": "▶", "fa fa-step-forward": "›", "fa fa-fast-forward": "⇥",
+    "fa fa-minus": "−", "fa fa-plus": "+",
+}
+
+
 def to_html(animation: FuncAnimation):
-    """The animation as a self-contained HTML player (``IPython.display.HTML``); closes its figure."""
+    """The animation as a self-contained HTML player (``IPython.display.HTML``) that loads nothing from the
+    network; closes its figure.
+    """
     from IPython.display import HTML
 
     html = animation.to_jshtml(default_mode="once")
     plt.close(animation._fig)
+    html = re.sub(r"<link[^>]*font-awesome[^>]*>", "", html)
+    html = re.sub(r'<i class="(fa [^"]*)"></i>', lambda m: _BUTTON_TEXT.get(m.group(1), "·"), html)
     return HTML(html)
