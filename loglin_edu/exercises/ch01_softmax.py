@@ -7,7 +7,7 @@ import math
 import torch
 
 from ..softmax import softmax_attention
-from .checking import Case, Exercise, Mismatch, call, describe, random_qkv, tensor_cases
+from .checking import Case, Exercise, Mismatch, call, sequence_cases
 
 
 def kv_cache_step(cache, q_t, k_t, v_t):
@@ -40,12 +40,6 @@ def _drive_decoding(step, q, k, v):
     return torch.stack(outputs, dim=1)
 
 
-def _sequences(rng):
-    for sizes, seed in tensor_cases(rng):
-        q, k, v, _, _ = random_qkv(sizes, seed)
-        yield Case((q, k, v), describe(sizes))
-
-
 KV_CACHE_STEP = Exercise(
     name="softmax.kv_cache_step",
     chapter=1,
@@ -54,7 +48,7 @@ KV_CACHE_STEP = Exercise(
          "`(keys [B, n, H, K], values [B, n, H, V])` and return the new cache and `o_t: [B, H, V]`, "
          "the softmax-weighted sum of the cached values with scores `q_t · k_s / √K`.",
     solution=kv_cache_step,
-    cases=_sequences,
+    cases=sequence_cases,
     driver=_drive_decoding,
     reference=lambda q, k, v: softmax_attention(q, k, v, form="naive"),
     mistakes=((_unscaled_step, "the scores are scaled by 1/√K before the softmax."),),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..linear import linear_attention
-from .checking import Case, Exercise, call, describe, drive_steps, random_qkv, tensor_cases
+from .checking import Case, Exercise, call, drive_steps, sequence_cases
 
 
 def linear_step(state, q_t, k_t, v_t):
@@ -25,12 +25,6 @@ def _drive_tokens(step, q, k, v):
     return drive_steps(step, q.new_zeros(B, H, K, v.shape[-1]), q, k, v)
 
 
-def _sequences(rng):
-    for sizes, seed in tensor_cases(rng):
-        q, k, v, _, _ = random_qkv(sizes, seed)
-        yield Case((q, k, v), describe(sizes))
-
-
 LINEAR_STEP = Exercise(
     name="linear.linear_step",
     chapter=2,
@@ -38,7 +32,7 @@ LINEAR_STEP = Exercise(
     task="One token of causal linear attention: add `k_t v_tᵀ` to the state `S: [B, H, K, V]` and read "
          "`o_t = S_tᵀ q_t: [B, H, V]` (no scale, no normalisation).",
     solution=linear_step,
-    cases=_sequences,
+    cases=sequence_cases,
     driver=_drive_tokens,
     reference=lambda q, k, v: linear_attention(q, k, v, form="naive"),
     mistakes=((_read_before_write, "write k_t v_tᵀ into the state before reading it: token t attends to itself."),),
@@ -73,10 +67,9 @@ def _drive_chunks(step, q, k, v, chunk_size):
 
 
 def _chunked_sequences(rng):
-    for sizes, seed in tensor_cases(rng):
-        q, k, v, _, _ = random_qkv(sizes, seed)
+    for case in sequence_cases(rng):
         chunk = rng.choice([1, 2, 3, 4, 8, 16])
-        yield Case((q, k, v, chunk), describe(sizes) + f", chunks of {chunk}")
+        yield Case((*case.args, chunk), case.describe + f", chunks of {chunk}")
 
 
 LINEAR_CHUNK_STEP = Exercise(

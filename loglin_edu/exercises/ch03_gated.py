@@ -7,7 +7,7 @@ import torch
 from ..deltanet import gated_deltanet_attention
 from ..linear import mamba2_attention
 from ..masks import decay_mask
-from .checking import Case, Exercise, describe, drive_steps, random_qkv, tensor_cases
+from .checking import Case, Exercise, drive_steps, sequence_cases
 
 
 def mamba2_step(state, q_t, k_t, v_t, g_t):
@@ -28,12 +28,6 @@ def _drive_tokens(step, q, k, v, *gates):
     return drive_steps(step, q.new_zeros(B, H, K, v.shape[-1]), q, k, v, *gates)
 
 
-def _sequences(rng, *, gates: int, unit_keys: bool = False):
-    for sizes, seed in tensor_cases(rng):
-        q, k, v, g, beta = random_qkv(sizes, seed, unit_keys=unit_keys)
-        yield Case((q, k, v, g, beta)[: 3 + gates], describe(sizes))
-
-
 MAMBA2_STEP = Exercise(
     name="gated.mamba2_step",
     chapter=3,
@@ -41,7 +35,7 @@ MAMBA2_STEP = Exercise(
     task="One token of Mamba-2: decay the state `S: [B, H, K, V]` by `exp(g_t)` (`g_t: [B, H]`, one gate per "
          "head), add `k_t v_tᵀ`, and read `o_t = S_tᵀ q_t`.",
     solution=mamba2_step,
-    cases=lambda rng: _sequences(rng, gates=1),
+    cases=lambda rng: sequence_cases(rng, inputs=4),
     driver=_drive_tokens,
     reference=lambda q, k, v, g: mamba2_attention(q, k, v, g, form="naive"),
     mistakes=((_decay_after_write, "decay the old state, then write: token t's own key is not decayed by g_t."),),
@@ -71,7 +65,7 @@ DECAY_MASK = Exercise(
     task="Build Mamba-2's semiseparable mask `M^S[t, s] = exp(G_t - G_s)` (`G_t = g_0 + ... + g_t`) for "
          "`s <= t` and 0 above the diagonal, from `log_decay: [B, T, H]`, as a `[B, H, T, T]` tensor.",
     solution=my_decay_mask,
-    cases=lambda rng: (Case((c.args[3],), c.describe) for c in _sequences(rng, gates=1)),
+    cases=lambda rng: (Case((c.args[3],), c.describe) for c in sequence_cases(rng, inputs=4)),
     reference=decay_mask,
     mistakes=((_decay_mask_with_own_gate, "M^S[t, t] = 1: key s is decayed by the gates of tokens s+1..t, "
                                           "not by its own g_s."),),
@@ -101,7 +95,7 @@ GATED_DELTA_STEP = Exercise(
     task="One token of Gated DeltaNet: erase the old value stored at `k_t` (`(I - β_t k_t k_tᵀ) S`), decay "
          "by `exp(g_t)`, write `β_t k_t v_tᵀ`, and read `o_t = S_tᵀ q_t` (`g_t, beta_t: [B, H]`).",
     solution=gated_delta_step,
-    cases=lambda rng: _sequences(rng, gates=2, unit_keys=True),
+    cases=lambda rng: sequence_cases(rng, inputs=5, unit_keys=True),
     driver=_drive_tokens,
     reference=lambda q, k, v, g, beta: gated_deltanet_attention(q, k, v, g, beta, form="naive"),
     mistakes=((_delta_write_without_beta, "the write is β_t k_t v_tᵀ: the delta rule moves the stored value "

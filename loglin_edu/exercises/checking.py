@@ -202,6 +202,12 @@ def describe(sizes: dict[str, int]) -> str:
     return ", ".join(f"{name}={value}" for name, value in sizes.items())
 
 
+def sequence_cases(rng: random.Random, *, inputs: int = 3, unit_keys: bool = False) -> Iterable[Case]:
+    """Cases ``(q, k, v)``, then ``log_decay`` and ``beta`` when ``inputs`` is 4 or 5, as :func:`random_qkv`."""
+    for sizes, seed in tensor_cases(rng):
+        yield Case(random_qkv(sizes, seed, unit_keys=unit_keys)[:inputs], describe(sizes))
+
+
 def tensor_cases(rng: random.Random, count: int = 12, **kw) -> Iterable[tuple[dict[str, int], int]]:
     """``count`` random shapes, each with a seed for its tensors."""
     for _ in range(count):
