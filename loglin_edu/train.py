@@ -264,6 +264,8 @@ def train(
     end = config.steps if stop_at is None else min(config.steps, stop_at)
     bar = tqdm(range(start, end), desc=name, disable=not progress, file=sys.stderr, dynamic_ncols=True)
     tick = time.perf_counter()
+    step_ends = []  # wall-clock ends of the training steps since the last evaluation (for throughput)
+    seconds_per_step = None
     for step in bar:
         factor = lr_factor(step, config.warmup_steps, config.steps)
         for group in optimizer.param_groups:
@@ -284,6 +286,7 @@ def train(
         optimizer.step()
         loss_sum += losses.detach()
         loss_steps += 1
+        step_ends = step_ends[-20:] + [time.perf_counter()]
         done = step + 1
         if done % config.eval_every == 0 or done == config.steps:
             seconds += time.perf_counter() - tick
@@ -302,6 +305,9 @@ def train(
             loss_sum.zero_()
             loss_steps = 0
             tick = time.perf_counter()
+            if len(step_ends) > 1:
+                seconds_per_step = (step_ends[-1] - step_ends[0]) / (len(step_ends) - 1)
+            step_ends = []
         if config.checkpoint_every and done % config.checkpoint_every == 0 and done < end:
             seconds += time.perf_counter() - tick
             tick = time.perf_counter()
@@ -313,5 +319,6 @@ def train(
     return dict(
         name=name, model=model_config.to_dict(), parameters=count_parameters(ensemble.members[0]),
         members=[asdict(m) for m in members], config=config.to_dict(), history=history, final=final,
-        seconds=round(seconds, 3), complete=end == config.steps,
+        seconds=round(seconds, 3), complete=end == config.steps, steps_done=end,
+        seconds_per_step=(step_ends[-1] - step_ends[0]) / (len(step_ends) - 1) if len(step_ends) > 1 else seconds_per_step,
     )

@@ -78,6 +78,8 @@ class Tier:
     chunk_size: int = 64
 
 
+ZOOLOGY_LRS = (1e-3, 10**-2.5, 1e-2)  # the first three of Zoology's sweep logspace(-3, -1.5, 4)
+
 TIERS: dict[str, Tier] = {
     "cpu": Tier(
         data=TaskSpec("mqar", seq_len=64, vocab_size=128, sizes=(4, 8), train_examples=4_000, test_examples=250),
@@ -86,13 +88,14 @@ TIERS: dict[str, Tier] = {
     ),
     "gpu/mqar": Tier(
         data=TaskSpec("mqar", seq_len=256, vocab_size=8192, sizes=(4, 8, 16, 32, 64)),
-        train=TrainConfig(steps=2000, batch_size=60, warmup_steps=100, eval_every=250, eval_batch_size=250),
+        lrs=ZOOLOGY_LRS,
+        train=TrainConfig(steps=4000, batch_size=60, warmup_steps=100, eval_every=250, eval_batch_size=100),
     ),
     "gpu/lagged": Tier(
         data=TaskSpec("lagged", seq_len=256, vocab_size=8192, sizes=(16,), num_keys=32, train_examples=40_000,
                       test_examples=2_000),
-        widths=(32, 64),
-        train=TrainConfig(steps=2000, batch_size=60, warmup_steps=100, eval_every=250, eval_batch_size=250),
+        widths=(32,), lrs=ZOOLOGY_LRS,
+        train=TrainConfig(steps=4000, batch_size=60, warmup_steps=100, eval_every=250, eval_batch_size=100),
     ),
 }
 
@@ -209,65 +212,118 @@ def git_commit() -> str | None:
         return None
 
 
-def run_tier(name: str, tier: Tier, *, out: Path | None, device: str, jobs: int = 1, progress: bool = True,
-             commit: str | None = None, command: str | None = None) -> dict[str, Any]:
-    """Every (model, width) job of ``tier``: in this process (``jobs=1``) or in ``jobs`` parallel workers.
-
-    Returns the results record (also written to ``out/results.json`` when ``out`` is given).
-    """
-    start = time.perf_counter()
-    grid = [(m, w) for w in tier.widths for m in tier.models]
-    if jobs <= 1:
-        sets = make_sets(tier.data)
-        records = [run_job(tier, m, w, out_dir=None if out is None else out / f"{m}-d{w}", device=device,
-                           progress=progress, sets=sets) for m, w in grid]
-    else:
-        records = _run_workers(name, tier, grid, out, device, jobs)
-    result = dict(
-        tier=name, command=command or " ".join([Path(sys.executable).name, "-m", __spec__.name if __spec__ else "", *sys.argv[1:]]),
-        commit=commit or git_commit(), environment=environment(device), seconds=round(time.perf_counter() - start, 1),
-        data=asdict(tier.data), train=tier.train.to_dict(), seeds=list(tier.seeds), lrs=list(tier.lrs),
-        models=list(tier.models), widths=list(tier.widths), jobs=records, best=best_by_cell(records),
+def results_record(name: str, tier: Tier, records: list[dict[str, Any]], *, device: str, seconds: float,
+                   commit: str | None, command: str | None) -> dict[str, Any]:
+    """The results file of one tier: setup, provenance, every job's record and the best-lr table."""
+    return dict(
+        tier=name, command=command, commit=commit or git_commit(), environment=environment(device),
+        seconds=round(seconds, 1), data=asdict(tier.data), train=tier.train.to_dict(), seeds=list(tier.seeds),
+        lrs=list(tier.lrs), models=list(tier.models), widths=list(tier.widths), jobs=records, best=best_by_cell(records),
     )
+
+
+def run_tier(name: str, tier: Tier, *, out: Path | None, device: str, progress: bool = True,
+             commit: str | None = None, command: str | None = None) -> dict[str, Any]:
+    """Every (model, width) job of ``tier``, one after the other in this process; returns the results record
+    (also written to ``out/results.json`` when ``out`` is given)."""
+    start = time.perf_counter()
+    sets = make_sets(tier.data)
+    records = [run_job(tier, m, w, out_dir=None if out is None else out / f"{m}-d{w}", device=device,
+                       progress=progress, sets=sets) for w in tier.widths for m in tier.models]
+    result = results_record(name, tier, records, device=device, seconds=time.perf_counter() - start, commit=commit,
+                            command=command)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps(result, indent=1))
     return result
 
 
-def _run_workers(name: str, tier: Tier, grid, out: Path, device: str, jobs: int) -> list[dict[str, Any]]:
-    """Run each (model, width) in its own worker process, ``jobs`` at a time (slowest models first)."""
-    if out is None:
-        raise ValueError("parallel workers need an output directory (--out)")
-    make_sets(tier.data, out / "data.pt")  # once, before the workers load it
-    order = {"loglinear_gated_deltanet": 0, "gated_deltanet": 1, "loglinear_mamba2": 2, "mamba2": 3, "transformer": 4}
-    pending = sorted(grid, key=lambda mw: (order[mw[0]], -mw[1]))
-    running: dict[tuple[str, int], subprocess.Popen] = {}
+SLOWEST_FIRST = {"loglinear_gated_deltanet": 0, "gated_deltanet": 1, "loglinear_mamba2": 2, "mamba2": 3, "transformer": 4}
+
+
+def run_parallel(tiers: dict[str, Tier], out: Path, device: str, *, jobs: int, budget_s: float | None = None,
+                 calibrate_steps: int = 30, commit: str | None = None, command: str | None = None) -> dict[str, dict]:
+    """Every job of several tiers, each in its own worker process, ``jobs`` at a time, on one device.
+
+    With ``budget_s`` (and every job running at once): phase 1 trains every job for ``calibrate_steps``
+    steps — inside the warm-up, where the schedule does not depend on the total — and measures the slowest
+    job's seconds per step while all of them run; every tier's ``steps`` then becomes what fits in the rest of
+    the budget (at most the tier's own, a multiple of its ``eval_every``), and phase 2 resumes every job
+    from its checkpoint to that many steps. Returns ``{tier name: results record}``; each is also written
+    to ``out/<tier>/results.json``.
+    """
+    start = time.perf_counter()
+    grid = sorted(((n, m, w) for n, t in tiers.items() for w in t.widths for m in t.models),
+                  key=lambda job: (SLOWEST_FIRST[job[1]], -job[2]))
+    for n, t in tiers.items():
+        make_sets(t.data, out / _slug(n) / "data.pt")  # once, before the workers load it
+    if budget_s is not None:
+        for t in tiers.values():
+            if calibrate_steps >= t.train.warmup_steps:
+                raise ValueError(f"calibrate_steps={calibrate_steps} must stay inside the warm-up ({t.train.warmup_steps})")
+        if jobs < len(grid):
+            raise ValueError(f"a budget needs every job running at once: jobs={jobs} < {len(grid)} jobs")
+        _run_workers(tiers, grid, out, device, jobs, stop_at=calibrate_steps)
+        timed = [r["seconds_per_step"] for r in (_read_record(out, job) for job in grid) if r and r["seconds_per_step"]]
+        if not timed:
+            raise RuntimeError("no job finished its calibration steps: see the stdout.txt of each job")
+        per_step = max(timed)
+        left = budget_s - (time.perf_counter() - start)
+        for n, t in tiers.items():
+            fit = int(0.85 * left / per_step) // t.train.eval_every * t.train.eval_every  # 15% for evaluations
+            steps = max(t.train.eval_every, min(t.train.steps, fit))
+            tiers[n] = replace(t, train=replace(t.train, steps=steps))
+            print(f"[{time.strftime('%H:%M:%S')}] {n}: {per_step * 1e3:.0f} ms per step with {len(grid)} jobs, "
+                  f"{left:.0f} s left -> {steps} steps", flush=True)
+    _run_workers(tiers, grid, out, device, jobs)
+    seconds = time.perf_counter() - start
+    results = {}
+    for n, t in tiers.items():
+        records = [_read_record(out, job) for job in grid if job[0] == n]
+        results[n] = results_record(n, t, [r for r in records if r], device=device, seconds=seconds, commit=commit,
+                                    command=command)
+        (out / _slug(n) / "results.json").write_text(json.dumps(results[n], indent=1))
+    return results
+
+
+def _slug(name: str) -> str:
+    return name.replace("/", "-")
+
+
+def _job_dir(out: Path, job: tuple[str, str, int]) -> Path:
+    return out / _slug(job[0]) / f"{job[1]}-d{job[2]}"
+
+
+def _read_record(out: Path, job: tuple[str, str, int]) -> dict[str, Any] | None:
+    path = _job_dir(out, job) / "record.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    tail = (_job_dir(out, job) / "stdout.txt").read_text()[-3000:]
+    print(f"{job} produced no record:\n{tail}", file=sys.stderr, flush=True)
+    return None
+
+
+def _run_workers(tiers: dict[str, Tier], grid, out: Path, device: str, jobs: int, stop_at: int | None = None) -> None:
+    """Run each job of ``grid`` in its own worker process, ``jobs`` at a time."""
+    pending = list(grid)
+    running: dict[tuple[str, str, int], subprocess.Popen] = {}
     env = dict(os.environ, OMP_NUM_THREADS="1")
     while pending or running:
         while pending and len(running) < jobs:
-            m, w = pending.pop(0)
-            job_dir = out / f"{m}-d{w}"
+            job = pending.pop(0)
+            job_dir = _job_dir(out, job)
             job_dir.mkdir(parents=True, exist_ok=True)
-            cmd = [sys.executable, "-m", "loglin_edu.experiments.mqar", "--tier", name.split("/")[0],
-                   "--task", tier.data.task, "--worker", m, str(w), "--out", str(job_dir), "--device", device,
-                   "--tier-json", json.dumps(_tier_to_dict(tier))]
-            running[(m, w)] = subprocess.Popen(cmd, env=env, stdout=(job_dir / "stdout.txt").open("w"),
-                                               stderr=subprocess.STDOUT)
-        time.sleep(1.0)
-        for key, proc in list(running.items()):
+            cmd = [sys.executable, "-m", "loglin_edu.experiments.mqar", "--tier", "gpu", "--worker", job[1], str(job[2]),
+                   "--out", str(job_dir), "--device", device, "--tier-json", json.dumps(_tier_to_dict(tiers[job[0]]))]
+            if stop_at is not None:
+                cmd += ["--stop-at", str(stop_at)]
+            with (job_dir / "stdout.txt").open("a") as log:
+                running[job] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        time.sleep(0.5)
+        for job, proc in list(running.items()):
             if proc.poll() is not None:
-                del running[key]
-                print(f"[{time.strftime('%H:%M:%S')}] {key[0]}-d{key[1]} finished with code {proc.returncode}", flush=True)
-    records = []
-    for m, w in grid:
-        path = out / f"{m}-d{w}" / "record.json"
-        if path.exists():
-            records.append(json.loads(path.read_text()))
-        else:
-            tail = (out / f"{m}-d{w}" / "stdout.txt").read_text()[-2000:]
-            print(f"{m}-d{w} produced no record:\n{tail}", file=sys.stderr)
-    return records
+                del running[job]
+                print(f"[{time.strftime('%H:%M:%S')}] {_slug(job[0])} {job[1]}-d{job[2]} exit {proc.returncode}", flush=True)
 
 
 def _tier_to_dict(tier: Tier) -> dict[str, Any]:
@@ -283,8 +339,9 @@ def _tier_from_dict(d: dict[str, Any]) -> Tier:
                 lrs=tuple(d["lrs"]), train=train_cfg, n_layers=d["n_layers"], chunk_size=d["chunk_size"])
 
 
-def choose_tier(args: argparse.Namespace) -> tuple[str, Tier]:
-    name = "cpu" if args.tier == "cpu" else f"gpu/{args.task}"
+def choose_tier(args: argparse.Namespace, task: str) -> tuple[str, Tier]:
+    """The tier the command line names, with its overrides applied."""
+    name = "cpu" if args.tier == "cpu" else f"gpu/{task}"
     tier = TIERS[name]
     changes = {}
     if args.models:
@@ -305,10 +362,12 @@ def choose_tier(args: argparse.Namespace) -> tuple[str, Tier]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m loglin_edu.experiments.mqar", description=__doc__.split("\n")[0])
     parser.add_argument("--tier", choices=["cpu", "gpu"], required=True)
-    parser.add_argument("--task", choices=["mqar", "lagged"], default="mqar", help="gpu tier: which recall task")
+    parser.add_argument("--task", choices=["mqar", "lagged", "both"], default="mqar", help="gpu tier: which recall task")
     parser.add_argument("--out", type=Path, default=None, help="directory for logs, checkpoints and results.json")
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     parser.add_argument("--jobs", type=int, default=1, help="parallel worker processes (gpu tier)")
+    parser.add_argument("--budget-s", type=float, help="gpu tier: fit the number of steps into this many seconds")
+    parser.add_argument("--stop-at", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--models", help="comma-separated subset of " + ",".join(MODELS))
     parser.add_argument("--widths", help="comma-separated model widths")
     parser.add_argument("--seeds", help="comma-separated seeds")
@@ -318,29 +377,39 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-every", type=int)
     parser.add_argument("--amp", action="store_true", help="bf16 autocast on CUDA (operators stay float32)")
     parser.add_argument("--commit", help="commit hash to record (default: git rev-parse HEAD)")
-    parser.add_argument("--results", type=Path, help="also copy results.json here (e.g. book/results/mqar_gpu.json)")
+    parser.add_argument("--results", type=Path, help="also write each results file into this directory (e.g. book/results)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--worker", nargs=2, metavar=("MODEL", "WIDTH"), help=argparse.SUPPRESS)
     parser.add_argument("--tier-json", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = False  # comparisons stay in true float32
     if args.worker:
         tier = _tier_from_dict(json.loads(args.tier_json))
         record = run_job(tier, args.worker[0], int(args.worker[1]), out_dir=args.out, device=device, progress=False,
-                         data_cache=args.out.parent / "data.pt")
+                         data_cache=args.out.parent / "data.pt", stop_at=args.stop_at)
         (args.out / "record.json").write_text(json.dumps(record))
         return
-    name, tier = choose_tier(args)
-    if device.startswith("cuda"):
-        torch.backends.cuda.matmul.allow_tf32 = False  # the comparisons stay in true float32
     command = "python -m loglin_edu.experiments.mqar " + " ".join(argv if argv is not None else sys.argv[1:])
-    result = run_tier(name, tier, out=args.out, device=device, jobs=args.jobs, progress=not args.no_progress,
-                      commit=args.commit, command=command)
-    if args.results:
-        args.results.parent.mkdir(parents=True, exist_ok=True)
-        args.results.write_text(json.dumps(result, indent=1))
-    for row in summary_table(result):
-        print(row)
+    if args.tier == "cpu":
+        name, tier = choose_tier(args, "mqar")
+        results = {name: run_tier(name, tier, out=args.out, device=device, progress=not args.no_progress,
+                                  commit=args.commit, command=command)}
+    else:
+        if args.out is None:
+            parser.error("the gpu tier needs --out")
+        tasks = ["mqar", "lagged"] if args.task == "both" else [args.task]
+        tiers = dict(choose_tier(args, task) for task in tasks)
+        results = run_parallel(tiers, args.out, device, jobs=args.jobs, budget_s=args.budget_s, commit=args.commit,
+                               command=command)
+    for name, result in results.items():
+        if args.results:
+            args.results.mkdir(parents=True, exist_ok=True)
+            (args.results / f"mqar_{_slug(name)}.json").write_text(json.dumps(result, indent=1))
+        print(name)
+        for row in summary_table(result):
+            print(row)
 
 
 def summary_table(result: dict[str, Any]) -> list[str]:
