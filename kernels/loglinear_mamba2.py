@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import torch
 
+from . import interpreted
 from ._common import MAX_BLOCK, LaunchConfig, chunk_decay, last_dim_contiguous, reverse_cumsum
 from .backward import loglinear_backward
 from .chunk_tree import loglinear_forward
 
-CONFIG = LaunchConfig(head_group=8, block_levels=4, num_warps=4, tree_warps=4)
+CONFIG = LaunchConfig(head_group=1, block_levels=4, num_warps=4, tree_warps=4)
 """Launch configuration used by :func:`loglinear_mamba2` (measured on an H200: see kernels/NOTES.md)."""
 
 
@@ -63,6 +64,11 @@ def loglinear_mamba2(q, k, v, level_scales, log_decay=None, chunk_size: int = 64
     chunk_size: a power of two, raised to 16 (the smallest ``tl.dot`` tile) if smaller; the result does
     not depend on it. Returns ``[B, T, H, V]``. Inputs are assumed checked (``loglinear_attention`` does).
     """
+    if not q.is_cuda and not interpreted():
+        raise RuntimeError(
+            "the Triton kernels got CPU tensors but triton is not in interpreter mode: set TRITON_INTERPRET=1 "
+            "before triton is first imported (importing loglin_edu.kernels first does it on a machine without CUDA)"
+        )
     chunk_size = max(chunk_size, 16)
     config = config or CONFIG
     K, V = q.shape[-1], v.shape[-1]

@@ -19,7 +19,7 @@ for _operator, _forms in (
     (linear_attention, linear.FORMS),
     (mamba2_attention, linear.FORMS),
     (gated_deltanet_attention, deltanet.FORMS),
-    (loglinear_attention, loglinear.FORMS),
+    (loglinear_attention, loglinear.REFERENCE_FORMS),  # every variant; loglinear.FORMS adds "triton"
 ):
     _operator.forms = _forms
 

@@ -290,12 +290,13 @@ def accuracy(shape, dtype: torch.dtype, device, seed: int = 0, config=None) -> d
 
 def versions() -> dict:
     out = {"python": platform.python_version(), "torch": torch.__version__}
-    for name in ("triton", "fla"):
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("triton", "fla-core", "numpy"):  # read from metadata: importing fla changes process state
         try:
-            module = __import__(name)
-            out[name] = getattr(module, "__version__", "?")
-        except Exception as error:
-            out[name] = f"not importable ({type(error).__name__})"
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "not installed"
     if torch.cuda.is_available():
         out["cuda"] = torch.version.cuda
         out["device"] = torch.cuda.get_device_name()

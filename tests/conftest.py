@@ -4,6 +4,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+if not torch.cuda.is_available():  # the Triton kernels' tests run under its interpreter, set before triton loads
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 settings.register_profile(
     "default", deadline=None, max_examples=20, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )

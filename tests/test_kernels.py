@@ -1,0 +1,215 @@
+"""The Triton kernels on the CPU, under Triton's interpreter (TRITON_INTERPRET=1, set in conftest.py).
+
+Each step of the ladder against the package's float64 forms, fp32 with exact (ieee) dots; then
+``loglinear_attention(form="triton")`` forward and every gradient; guard bands around every input and
+output; the benchmark's CPU tier. The interpreter is slow: shapes are small, chunks of 16 tokens make
+several chunk levels out of a few hundred tokens.
+"""
+
+import pytest
+import torch
+
+import loglin_edu as le
+from operators import assert_close
+
+kernels = pytest.importorskip("loglin_edu.kernels.loglinear_mamba2")
+
+from loglin_edu.kernels import interpreted  # noqa: E402
+from loglin_edu.kernels._common import LaunchConfig, chunk_decay  # noqa: E402
+from loglin_edu.kernels.backward import loglinear_backward  # noqa: E402
+from loglin_edu.kernels.chunk_tree import loglinear_forward  # noqa: E402
+from loglin_edu.kernels.intra_chunk import intra_chunk  # noqa: E402
+from loglin_edu.kernels.mamba2_chunked import mamba2_triton  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy's, from inside the interpreter
+if DEVICE == "cpu" and not interpreted():
+    pytest.skip("TRITON_INTERPRET=1 must be set before triton is imported", allow_module_level=True)
+
+
+def inputs(B, T, H, Hk, K, V, seed=0, dtype=torch.float64, decay=True):
+    """q, k ``[B, T, Hk, K]``, v, λ (one level more than needed), log decay in (-0.5, 0]."""
+    gen = torch.Generator().manual_seed(seed)
+    x = [torch.randn(B, T, Hk, K, generator=gen), torch.randn(B, T, Hk, K, generator=gen),
+         torch.randn(B, T, H, V, generator=gen), 0.5 + torch.rand(B, T, H, le.num_levels(T) + 1, generator=gen),
+         -0.5 * torch.rand(B, T, H, generator=gen) if decay else None]
+    return [None if a is None else a.to(DEVICE, dtype) for a in x]
+
+
+def grads_of(fn, args):
+    """Output and the gradients of a fixed random projection of it, for every tensor argument."""
+    args = [None if a is None else a.detach().clone().requires_grad_(True) for a in args]
+    out = fn(*args)
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
+    leaves = [a for a in args if a is not None]
+    return out.detach(), torch.autograd.grad((out * weights).sum(), leaves)
+
+
+def check_against_float64(fn, reference, args, rtol, what):
+    """fp32 kernels against the float64 form; the absolute floor covers a gradient that is exactly zero
+    in float64 (d log_decay at T = 1 is q·dq - k·dk, two equal fp32 numbers)."""
+    out, grads = grads_of(fn, [None if a is None else a.float() for a in args])
+    ref, ref_grads = grads_of(reference, args)
+    assert out.dtype == torch.float32
+    assert_close(out.double(), ref, rtol=rtol, atol=1e-6, what=f"{what}: o")
+    names = ["dq", "dk", "dv", "dlevel_scales", "dlog_decay"] if len(grads) == 5 else ["dq", "dk", "dv", "dlog_decay"]
+    for name, g, r in zip(names, grads, ref_grads):
+        assert_close(g.double(), r, rtol=rtol, atol=1e-6, what=f"{what}: {name}")
+
+
+# --- step 1: chunked Mamba-2 -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("B, T, H, Hk, K, V, C", [(2, 50, 3, 1, 8, 5, 16), (1, 37, 2, 2, 20, 70, 32), (1, 1, 1, 1, 3, 2, 16)])
+def test_step1_mamba2_forward_and_gradients(B, T, H, Hk, K, V, C):
+    args = inputs(B, T, H, Hk, K, V)
+    q, k, v, _, g = args
+    check_against_float64(
+        lambda q, k, v, g: mamba2_triton(q, k, v, g, chunk_size=C),
+        lambda q, k, v, g: le.mamba2_attention(q, k, v, g, form="naive"),
+        [q, k, v, g], rtol=2e-6, what=f"step 1 T={T}",
+    )
+
+
+# --- step 2: the intra-chunk levels ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("T, Hk, C", [(50, 1, 16), (100, 2, 32)])
+def test_step2_intra_chunk_matches_the_chunk_scan_term(T, Hk, C):
+    from loglin_edu._layout import heads_first
+    from loglin_edu.chunk_scan import intra_chunk_scales
+    from loglin_edu.chunking import chunk_terms, split_chunks
+
+    q, k, v, lam, g = inputs(2, T, 2, Hk, 12, 9)
+    out = intra_chunk(*(x.float() for x in (q, k, v, lam, g)), chunk_size=C)
+    qh, kh, vh = (heads_first(x, 2) for x in (q, k, v))
+    terms = chunk_terms(qh, kh, vh, g.transpose(1, 2), None, C)
+    scales = intra_chunk_scales(split_chunks(lam.transpose(1, 2), C), C)
+    ref = ((terms.intra * scales) @ split_chunks(vh, C)).flatten(2, 3)[:, :, :T].transpose(1, 2)
+    assert_close(out.double(), ref, rtol=1e-6, what="intra-chunk kernel")
+
+
+# --- step 3: the Fenwick tree over chunks and the output ---------------------------------------------
+
+SHAPES = [  # B, T, H, Hk, K, V, chunk size, launch config
+    (2, 50, 3, 1, 8, 5, 16, LaunchConfig(head_group=3, block_levels=2)),  # shared q/k, T off the chunk grid
+    (1, 300, 2, 2, 20, 70, 16, LaunchConfig(head_group=2, block_levels=2)),  # 5 chunk levels, 3 above the blocks
+    (1, 300, 2, 1, 4, 7, 16, LaunchConfig(head_group=1, block_levels=1)),
+    (1, 130, 4, 1, 4, 4, 16, LaunchConfig(head_group=2, block_levels=4)),  # every level inside one block
+    (2, 10, 2, 2, 3, 3, 32, LaunchConfig()),  # T < chunk
+    (1, 1, 1, 1, 2, 2, 16, LaunchConfig()),  # one token
+]
+IDS = [f"T{s[1]}-H{s[2]}-Hk{s[3]}-K{s[4]}-V{s[5]}-C{s[6]}-m{s[7].block_levels}" for s in SHAPES]
+
+
+@pytest.mark.parametrize("B, T, H, Hk, K, V, C, config", SHAPES, ids=IDS)
+def test_step3_forward_matches_chunkwise(B, T, H, Hk, K, V, C, config):
+    q, k, v, lam, g = inputs(B, T, H, Hk, K, V, seed=T)
+    gc, gend = chunk_decay(g.float(), B, T, H, C, q.device)
+    out, _ = loglinear_forward(*(x.float() for x in (q, k, v, lam)), gc, gend, C, config)
+    ref = le.loglinear_attention(q, k, v, lam, g, form="chunkwise")
+    assert_close(out.double(), ref, rtol=2e-6, what=f"forward T={T}")
+
+
+# --- steps 4-5: the backward and the autograd Function -----------------------------------------------
+
+
+@pytest.mark.parametrize("B, T, H, Hk, K, V, C, config", SHAPES, ids=IDS)
+def test_forward_and_every_gradient_match_float64(B, T, H, Hk, K, V, C, config):
+    check_against_float64(
+        lambda *a: kernels.loglinear_mamba2(*a, chunk_size=C, config=config),
+        lambda *a: le.loglinear_attention(*a, form="naive"),
+        inputs(B, T, H, Hk, K, V, seed=T + 1), rtol=2e-6, what=f"T={T}",
+    )
+
+
+def test_the_public_form_and_wide_heads():
+    """``loglinear_attention(form="triton")``; K = 130 and V = 131 cross the 128-column blocks."""
+    args = inputs(1, 20, 2, 1, 130, 131, seed=3)
+    check_against_float64(
+        lambda *a: le.loglinear_attention(*a, form="triton", chunk_size=16),
+        lambda *a: le.loglinear_attention(*a, form="chunkwise"),
+        args, rtol=2e-6, what="form='triton', K=130, V=131",
+    )
+
+
+def test_float64_is_exact_and_no_decay_works():
+    """fp64 (the interpreter's dots are exact) agrees to rounding; log_decay=None is plain log-linear attention."""
+    q, k, v, lam, _ = inputs(1, 77, 2, 1, 4, 4, seed=5)
+    out = le.loglinear_attention(q, k, v, lam, form="triton", chunk_size=16)
+    assert_close(out, le.loglinear_attention(q, k, v, lam, form="naive"), rtol=1e-12, what="fp64, no decay")
+
+
+def test_unit_level_scales_give_the_step1_mamba2_kernel():
+    """λ ≡ 1: the log-linear kernels compute Mamba-2, as the first rung of the ladder does."""
+    q, k, v, lam, g = (x.float() for x in inputs(1, 100, 2, 1, 8, 8, seed=6))
+    out = le.loglinear_attention(q, k, v, torch.ones_like(lam), g, form="triton", chunk_size=16)
+    assert_close(out.double(), mamba2_triton(q, k, v, g, chunk_size=16).double(), rtol=2e-6, what="λ ≡ 1")
+
+
+def test_delta_rule_is_refused_with_the_forms_that_have_it():
+    q, k, v, lam, g = (x.float() for x in inputs(1, 8, 2, 2, 4, 4))
+    with pytest.raises(ValueError, match=r"form='triton'.*beta.*'naive', 'recurrent', 'chunkwise'"):
+        le.loglinear_attention(q, k, v, lam, g, beta=torch.rand_like(g), form="triton")
+    assert "triton" in le.loglinear.FORMS
+    assert le.loglinear_attention(q, k, v, lam, g).shape == v.shape  # form=None: chunkwise on the CPU
+
+
+# --- guard bands -----------------------------------------------------------------------------------
+
+
+def padded_view(shape, pad=3, fill=float("nan")):
+    """A ``shape`` view into a buffer padded by ``pad`` on every side of every dimension, filled with ``fill``."""
+    buffer = torch.full([s + 2 * pad for s in shape], fill, device=DEVICE)
+    return buffer, buffer[tuple(slice(pad, pad + s) for s in shape)]
+
+
+def guard_intact(buffer, pad=3):
+    inner = torch.zeros_like(buffer, dtype=torch.bool)
+    inner[tuple(slice(pad, s - pad) for s in buffer.shape)] = True
+    return bool(torch.isnan(buffer[~inner]).all())
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_guard_bands_no_read_or_write_out_of_bounds(shared):
+    """Inputs and outputs are views into NaN-padded buffers: a read outside an input would bring NaN into
+    the results, a write outside an output would overwrite a NaN of its pad."""
+    B, T, H, K, V, C = 2, 45, 3, 5, 6, 16
+    Hk = 1 if shared else H
+    config = LaunchConfig(head_group=3, block_levels=1)
+    dense = [x.float() for x in inputs(B, T, H, Hk, K, V, seed=7)]
+    views = []
+    for x in dense:
+        _, view = padded_view(x.shape)
+        view.copy_(x)
+        views.append(view)
+    q, k, v, lam, g = views
+    gc, gend = chunk_decay(g, B, T, H, C, q.device)
+    o_buffer, o = padded_view((B, T, H, V))
+    _, nodes = loglinear_forward(q, k, v, lam, gc, gend, C, config, out=o)
+    buffers = {name: padded_view(shape) for name, shape in
+               [("dv", (B, T, H, V)), ("dlam", tuple(lam.shape))] + ([] if shared else [("dq", (B, T, H, K)), ("dk", (B, T, H, K))])}
+    buffers["dlam"][1].zero_()
+    do = torch.randn(B, T, H, V, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    grads = loglinear_backward(q, k, v, lam, gc, gend, nodes, do, C, config,
+                               grads={name: view for name, (_, view) in buffers.items()})
+    assert guard_intact(o_buffer) and all(guard_intact(buf) for buf, _ in buffers.values())
+    ref_out, ref_nodes = loglinear_forward(*dense[:4], gc, gend, C, config)
+    ref_grads = loglinear_backward(*dense[:4], gc, gend, ref_nodes, do, C, config)
+    assert torch.equal(o, ref_out)
+    for got, want in zip(grads, ref_grads):
+        assert torch.isfinite(got).all() and torch.equal(got, want)
+
+
+# --- the benchmark's CPU tier ----------------------------------------------------------------------
+
+
+def test_benchmark_cpu_tier(tmp_path):
+    from loglin_edu import bench
+
+    result = bench.main(["--tier", "cpu", "--lengths", "32", "--quiet", "--out", str(tmp_path / "b.json")])
+    rows = {r["name"]: r for r in result["rows"]}
+    assert all("forward_backward_ms" in r for r in rows.values()), rows
+    assert (tmp_path / "b.json").exists() and (tmp_path / "b.png").exists()
+    work = bench.counted_work(4, 32, bench.CPU)
+    assert work["forward_flops"] > 0 and rows["loglinear (ours, triton)"]["floor_forward_backward_ms"] > 0
