@@ -181,6 +181,8 @@ def best_by_cell(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for rec in records:
         for seed in sorted({m["seed"] for m in rec["members"]}):
             finals = [line for line in rec["final"] if line["seed"] == seed]
+            if not finals:
+                continue
             best = max(finals, key=lambda line: line["accuracy"])
             rows.append(dict(model=rec["model_name"], width=rec["width"], seed=seed, lr=best["lr"],
                              accuracy=best["accuracy"], accuracy_by_set=best["accuracy_by_set"],
@@ -213,12 +215,14 @@ def git_commit() -> str | None:
 
 
 def results_record(name: str, tier: Tier, records: list[dict[str, Any]], *, device: str, seconds: float,
-                   commit: str | None, command: str | None) -> dict[str, Any]:
-    """The results file of one tier: setup, provenance, every job's record and the best-lr table."""
+                   commit: str | None, command: str | None, env: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The results file of one tier: setup, provenance, every job's record and the best-lr table
+    (``best`` only counts jobs that reached their last step; see each job's ``complete``)."""
     return dict(
-        tier=name, command=command, commit=commit or git_commit(), environment=environment(device),
+        tier=name, command=command, commit=commit or git_commit(), environment=env or environment(device),
         seconds=round(seconds, 1), data=asdict(tier.data), train=tier.train.to_dict(), seeds=list(tier.seeds),
-        lrs=list(tier.lrs), models=list(tier.models), widths=list(tier.widths), jobs=records, best=best_by_cell(records),
+        lrs=list(tier.lrs), models=list(tier.models), widths=list(tier.widths), jobs=records,
+        best=best_by_cell([r for r in records if r["complete"]]),
     )
 
 
@@ -286,6 +290,26 @@ def run_parallel(tiers: dict[str, Tier], out: Path, device: str, *, jobs: int, b
     return results
 
 
+def assemble(name: str, tier: Tier, out: Path, **provenance) -> dict[str, Any]:
+    """The results record of a tier from its job directories (for a run whose orchestrator stopped early).
+
+    A job without a final record gets one rebuilt from its ``log.jsonl`` (``complete=False``) and the end of
+    its ``stdout.txt`` as ``error``.
+    """
+    records = []
+    for w in tier.widths:
+        for m in tier.models:
+            job_dir = _job_dir(out, (name, m, w))
+            record = json.loads((job_dir / "record.json").read_text())
+            if not record["complete"]:
+                history = [json.loads(line) for line in (job_dir / "log.jsonl").read_text().splitlines() if line]
+                last = max((h["step"] for h in history), default=0)
+                record.update(history=history, final=[h for h in history if h["step"] == last], steps_done=last,
+                              error=(job_dir / "stdout.txt").read_text().strip().splitlines()[-1])
+            records.append(record)
+    return results_record(name, tier, records, **provenance)
+
+
 def _slug(name: str) -> str:
     return name.replace("/", "-")
 
@@ -307,7 +331,7 @@ def _run_workers(tiers: dict[str, Tier], grid, out: Path, device: str, jobs: int
     """Run each job of ``grid`` in its own worker process, ``jobs`` at a time."""
     pending = list(grid)
     running: dict[tuple[str, str, int], subprocess.Popen] = {}
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
     while pending or running:
         while pending and len(running) < jobs:
             job = pending.pop(0)
