@@ -80,13 +80,16 @@ class LaunchConfig:
     head_group: heads one program of the per-chunk kernels handles in a loop (with q, k shared by all
         heads, ``Q Kᵀ`` is then computed once per chunk for the group, and dq, dk are summed in registers);
     block_levels: ``m`` — one program of the tree kernels owns ``2^m`` chunks and the levels inside them;
-    num_warps: warps per program of the per-chunk kernels; tree_warps: of the tree kernels.
+    num_warps: warps per program of the per-chunk kernels; tree_warps: of the tree kernels;
+    exact_node_grads: form and store the backward's node gradients in fp32 (tf32 products on a GPU)
+        rather than the state dtype: d log_decay in bf16 needs it (kernels/backward.py).
     """
 
     head_group: int = 1
     block_levels: int = 4
     num_warps: int = 4
     tree_warps: int = 4
+    exact_node_grads: bool = True
 
     def group(self, heads: int) -> int:
         """The largest divisor of ``heads`` not above ``head_group``."""

@@ -20,8 +20,19 @@ The forward of step 3, per chunk ``c`` and chunk level ``ℓ`` (bit ``ℓ - 1`` 
    one ``[K, V]`` add per height, then ``dv = ((Q Kᵀ) ⊙ E ⊙ Λ)ᵀ dO + K̃ dU_c`` and
    ``dk = ((dO Vᵀ) ⊙ E ⊙ Λ)ᵀ Q + diag(exp(gc_last - gc)) V dU_cᵀ``.
 
-The decay's gradient, as in step 1: ``∂L/∂G_t = q_t · dq_t - k_t · dk_t`` per head (the kernels write
-both dot products), then a reverse cumulative sum over the sequence in fp64 on the host.
+The decay's gradient, as in step 1: ``∂L/∂G_t = q_t · dq_t - k_t · dk_t`` per head, then a reverse
+cumulative sum over the sequence in fp64 on the host. Inside a chunk both dot products are sums of one
+``[C, C]`` matrix ``D = (dO Vᵀ) ⊙ (Q Kᵀ) ⊙ E ⊙ Λ`` — ``q_t · dq_t`` its row sums, ``k_t · dk_t`` its column
+sums — so :func:`dq_kernel` takes ``rowsum(D) - colsum(D)`` in fp32, where the large diagonal terms
+cancel exactly; computed from bf16-rounded dq and dk instead, that cancellation left about 1% error
+in ``d log_decay`` (measured on an H200). The levels add ``Σ_ℓ λ_ℓ · dλ_ℓ`` and ``- k · dk_levels``.
+
+Precision of the node gradients: ``Q̃`` is ``Q`` scaled per token along the product's contraction, so in
+bf16 it must be rounded before the product, and ``d log_decay`` — a reverse cumulative sum over the
+whole sequence, with heavy cancellation — amplifies that rounding about threefold: 1.2% relative error
+in bf16 on an H200, above the 1% bound. With ``LaunchConfig.exact_node_grads`` (the default) the node
+gradients are formed and stored in fp32 (tf32 products on a GPU): ``Q̃`` loses 2^-11 instead of 2^-8.
+(Interpreter, fp16 as a proxy: ``d log_decay`` 8.0e-4 -> 3.6e-4, the level of every other gradient.)
 
 With q, k shared by all heads, one program handles ``head_group`` heads and sums their dq, dk in
 registers; the host sums over the groups that remain. Work: about twice the forward's.
@@ -42,17 +53,18 @@ from .mamba2_chunked import decay_matrix, load_tile, store_tile
 @triton.jit
 def reader_share(
     q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, sqt, sdt, slt, c, level, g_e, T, K, V, L,
-    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IP: tl.constexpr,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IP: tl.constexpr, dtype,
 ):
-    """``Q̃ᵀ dO`` of chunk ``c`` reading at chunk level ``level`` the node that ends where ``G = g_e``: [BK, BV]."""
+    """``Q̃ᵀ dO`` of chunk ``c`` reading at chunk level ``level`` the node that ends where ``G = g_e``: [BK, BV].
+    The product runs in ``dtype``: the node-gradient type (fp32 keeps ``Q̃`` unrounded; see the module)."""
     t = c * C + tl.arange(0, C)
     q = load_tile(q_ptr, sqt, t, T, tl.arange(0, BK), K)
     do = load_tile(do_ptr, sdt, t, T, tl.arange(0, BV), V)
     gc = tl.load(gc_ptr + t)
     lam = tl.load(lam_ptr + t.to(tl.int64) * slt + C_LOG + level, mask=(t < T) & (C_LOG + level < L), other=0.0)
     decay = (tl.load(gend_ptr + c - 1) - g_e).to(gc.dtype)
-    q_scaled = (q * (lam.to(gc.dtype) * tl.exp(gc + decay))[:, None]).to(do.dtype)
-    return tl.dot(tl.trans(q_scaled), do, input_precision=IP)
+    q_scaled = (q * (lam.to(gc.dtype) * tl.exp(gc + decay))[:, None]).to(dtype)
+    return tl.dot(tl.trans(q_scaled), do.to(dtype), input_precision=IP)
 
 
 @triton.jit
@@ -87,7 +99,7 @@ def node_grad_kernel(
                     c = e + 1 + j
                     if c < N:
                         acc += reader_share(q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, sqt, sdt, slt, c, level, g_e,
-                                            T, K, V, L, C, C_LOG, BK, BV, IP)
+                                            T, K, V, L, C, C_LOG, BK, BV, IP, dnode_ptr.dtype.element_ty)
                 tl.store(dnode_ptr + e.to(tl.int64) * BK * BV + tile, acc.to(dnode_ptr.dtype.element_ty))
     for level in range(M + 1, n_levels + 1):  # nodes above: this block's share, added atomically
         if ((i_blk >> (level - 1 - M)) & 1) == 1:
@@ -98,7 +110,7 @@ def node_grad_kernel(
                 c = c_first + j
                 if c < N:
                     acc += reader_share(q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, sqt, sdt, slt, c, level, g_e,
-                                        T, K, V, L, C, C_LOG, BK, BV, IP)
+                                        T, K, V, L, C, C_LOG, BK, BV, IP, dnode_ptr.dtype.element_ty)
             tl.atomic_add(dupper_ptr + (((e + 1) >> M) - 1).to(tl.int64) * BK * BV + tile, acc)
 
 
@@ -111,7 +123,8 @@ def dq_kernel(
     HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
 ):
     """Grid ``(H / HG, N, B)``. dq: ``[B, T, H, K]`` (strides ``sg*``), or with SHARED one slot per head
-    group; dlam: ``[B, T, H, L]`` (strides ``sx*``); qdq: ``[B, H, N·C]``."""
+    group; dlam: ``[B, T, H, L]`` (strides ``sx*``); qdq: ``[B, H, N·C]`` receives ``q·dq`` less the
+    chunk's own ``k·dk`` (both from the fp32 ``[C, C]`` pair matrix, where they cancel exactly)."""
     i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t = i_c * C + tl.arange(0, C)
     rk, rv, cols = tl.arange(0, BK), tl.arange(0, BV), tl.arange(0, BL)
@@ -136,9 +149,13 @@ def dq_kernel(
         gc = tl.load(gc_ptr + bh * N * C + t)
         lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + h * slh, slt, t, T, L, BL, gc.dtype)
         decay = decay_matrix(gc, C)
+        scales = level_matrix(lam, levels, C_LOG, BL)
         d_scores = tl.dot(do, tl.trans(v), input_precision=IP)
-        dq = tl.dot((d_scores * decay * level_matrix(lam, levels, C_LOG, BL)).to(k.dtype), k, input_precision=IP)
-        dlam = level_sums(d_scores * scores * decay, levels, C_LOG, BL)
+        dq = tl.dot((d_scores * decay * scales).to(k.dtype), k, input_precision=IP)
+        pairs = d_scores * scores * decay  # (dO Vᵀ) ⊙ (Q Kᵀ) ⊙ E, fp32
+        dlam = level_sums(pairs, levels, C_LOG, BL)
+        pairs *= scales
+        d_cum = tl.sum(pairs, 1) - tl.sum(pairs, 0)  # the chunk's own part of dG, exact: the diagonal cancels
         g_start = tl.load(gend_ptr + bh * N + tl.maximum(i_c - 1, 0))
         for level in range(1, n_levels + 1):
             if ((i_c >> (level - 1)) & 1) == 1:
@@ -146,9 +163,12 @@ def dq_kernel(
                 node = tl.load(node_ptr + (bh * N + e) * BK * BV + tile)
                 to_node = (g_start - tl.load(gend_ptr + bh * N + e)).to(gc.dtype)
                 x = tl.dot(do.to(node.dtype), tl.trans(node), input_precision=IP) * tl.exp(gc + to_node)[:, None]
-                dlam = tl.where(cols[None, :] == C_LOG + level, tl.sum(q * x, 1)[:, None], dlam)
-                dq += level_column(lam, C_LOG + level, BL)[:, None] * x
-        tl.store(qdq_ptr + bh * N * C + t, tl.sum(q * dq, 1))
+                d_level = tl.sum(q * x, 1)
+                dlam = tl.where(cols[None, :] == C_LOG + level, d_level[:, None], dlam)
+                lam_level = level_column(lam, C_LOG + level, BL)
+                dq += lam_level[:, None] * x
+                d_cum += lam_level * d_level  # q · (this level's share of dq)
+        tl.store(qdq_ptr + bh * N * C + t, d_cum)
         store_tile(dlam_ptr + i_b.to(tl.int64) * sxb + h * sxh, sxt, t, T, cols, L, dlam)
         if SHARED:
             dq_group += dq
@@ -167,7 +187,7 @@ def dkdv_kernel(
     M: tl.constexpr, HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
 ):
     """Grid ``(H / HG, N, B)``. dk: as dq of :func:`dq_kernel` (strides ``sg*``); dv: ``[B, T, H, V]``
-    (strides ``su*``); kdk: ``[B, H, N·C]``."""
+    (strides ``su*``); kdk: ``[B, H, N·C]`` receives ``k·dk`` of the levels (the chunk's own part is in qdq)."""
     i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t = i_c * C + tl.arange(0, C)
     rk, rv = tl.arange(0, BK), tl.arange(0, BV)
@@ -210,8 +230,9 @@ def dkdv_kernel(
         to_end = tl.exp(tl.load(gc_ptr + bh * N * C + i_c * C + C - 1) - gc)
         d_leaf = d_leaf.to(dnode_ptr.dtype.element_ty)
         dv += tl.dot((k * to_end[:, None]).to(d_leaf.dtype), d_leaf, input_precision=IP)
-        dk += tl.dot(v.to(d_leaf.dtype), tl.trans(d_leaf), input_precision=IP) * to_end[:, None]
-        tl.store(kdk_ptr + bh * N * C + t, tl.sum(k * dk, 1))
+        dk_levels = tl.dot(v.to(d_leaf.dtype), tl.trans(d_leaf), input_precision=IP) * to_end[:, None]
+        dk += dk_levels
+        tl.store(kdk_ptr + bh * N * C + t, tl.sum(k * dk_levels, 1))  # the chunk's own part is in dq_kernel's
         store_tile(dv_ptr + i_b.to(tl.int64) * sub + h * suh, sut, t, T, rv, V, dv)
         if SHARED:
             dk_group += dk
@@ -240,7 +261,7 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, nodes, do, chunk_size: i
     acc = accumulator_dtype(q.dtype)
     shared = Hk == 1
     HG = config.group(H)
-    d_nodes = torch.empty(B, H, N, BK, BV, device=q.device, dtype=state_dtype(q.dtype))
+    d_nodes = torch.empty(B, H, N, BK, BV, device=q.device, dtype=acc if config.exact_node_grads else state_dtype(q.dtype))
     d_upper = torch.zeros(B, H, NB if n_levels > M else 1, BK, BV, device=q.device, dtype=acc)
     sqh = 0 if shared else q.stride(2)
     node_grad_kernel[(H, NB, B)](
