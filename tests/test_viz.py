@@ -88,3 +88,11 @@ def test_widgets_build_without_a_kernel():
 def test_macros_render_as_newcommands():
     text = viz.notation.newcommands()
     assert text.count("\\newcommand") == len(viz.MACROS) and "\\newcommand{\\MH}" in text
+
+
+def test_matmul_flops_counts_two_per_multiply_add():
+    a, b = torch.randn(3, 5), torch.randn(5, 7)
+    assert viz.matmul_flops(lambda: a @ b) == 2 * 3 * 5 * 7
+    assert viz.matmul_flops(lambda: a + 1) == 0
+    calls = []
+    assert viz.median_seconds(lambda: calls.append(1), repeats=5) >= 0 and len(calls) == 5

@@ -2,7 +2,7 @@
 
 ``figures``: static pictures (masks, level tables, buckets, binary counter, H-matrix blocks, chunk-scan stages);
 ``animate``: the same explorations as HTML players that work without a kernel; ``explore``: ipywidgets controls
-for a live notebook; ``notation``: the book's MathJax macros.
+for a live notebook; ``measure``: counted FLOPs and median times; ``notation``: the book's MathJax macros.
 """
 
 from .animate import level_animation, query_animation, stage_animation, to_html
@@ -21,6 +21,7 @@ from .figures import (
     level_colormap,
     stage_table,
 )
+from .measure import matmul_flops, median_seconds
 from .notation import MACROS, define_macros, source
 
 __all__ = [
@@ -40,6 +41,8 @@ __all__ = [
     "level_animation",
     "level_colormap",
     "mask_explorer",
+    "matmul_flops",
+    "median_seconds",
     "query_animation",
     "stage_animation",
     "source",
