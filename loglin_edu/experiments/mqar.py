@@ -11,9 +11,9 @@ accuracies, parameter counts, the command, commit, device, library versions and 
 
 Tiers (:data:`TIERS`):
 
-- ``cpu``: MQAR at T = 32 with 2 and 4 pairs, a 64-token vocabulary, width 32, one seed, 600 steps — small
-  enough for the book build and CI (about a minute and a half on two cores), large enough to show the
-  learning curves of all five models.
+- ``cpu``: MQAR at T = 32 with 2 and 4 pairs, a 64-token vocabulary, width 32, one seed, 400 steps — small
+  enough for the book build and CI (about a minute on two idle cores), large enough to show the learning
+  curves of all five models.
 - ``gpu``/``mqar``: Zoology's protocol as the paper uses it: T = 256, 4–64 pairs (one training set per
   pair count, batches drawn evenly from them), vocabulary 8192, 2 layers, widths 16/32/64.
 - ``gpu``/``lagged``: lagged recall (:mod:`loglin_edu.data.lagged`) at T = 256: answers at every distance.
@@ -98,7 +98,7 @@ TIERS: dict[str, Tier] = {
     "cpu": Tier(
         data=TaskSpec("mqar", seq_len=32, vocab_size=64, sizes=(2, 4), train_examples=4_000, test_examples=250),
         widths=(32,), seeds=(0,), lrs=(3e-3,), chunk_size=8,
-        train=TrainConfig(steps=600, batch_size=64, warmup_steps=30, eval_every=50, eval_batch_size=250),
+        train=TrainConfig(steps=400, batch_size=64, warmup_steps=30, eval_every=50, eval_batch_size=250),
     ),
     "gpu/mqar": Tier(
         data=TaskSpec("mqar", seq_len=256, vocab_size=8192, sizes=(4, 8, 16, 32, 64)),
