@@ -479,7 +479,10 @@ def summary_table(result: dict[str, Any]) -> list[str]:
         cells = []
         for w in result["widths"]:
             accs = torch.tensor([r["accuracy"] for r in result["best"] if r["model"] == model and r["width"] == w])
-            cells.append(f"{100 * accs.mean():6.1f} ± {100 * accs.std():4.1f}" if len(accs) else "-")
+            if len(accs) == 0:
+                cells.append("-")
+            else:
+                cells.append(f"{100 * accs.mean():6.1f} ± {100 * accs.std():4.1f}" if len(accs) > 1 else f"{100 * accs.mean():6.1f}")
         lines.append(f"{LABELS[model]:<28}" + "".join(f"{c:>16}" for c in cells))
     return lines
 

@@ -1,0 +1,122 @@
+"""Training: resumes bit-exactly from a checkpoint on the CPU, members of an ensemble train independently,
+the schedule and the experiment CLI do what they say."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from loglin_edu.data import mqar
+from loglin_edu.experiments import mqar as experiment
+from loglin_edu.layers import ModelConfig
+from loglin_edu.train import Member, TrainConfig, lr_factor, save_atomic, train
+
+TRAIN = [mqar(64, 16, 2, 32, seed=1), mqar(64, 16, 4, 32, seed=2)]
+TEST = {"pairs=2": mqar(16, 16, 2, 32, seed=3), "pairs=4": mqar(16, 16, 4, 32, seed=4)}
+
+
+def config(name="loglinear_gated_deltanet"):
+    return ModelConfig(name, vocab_size=32, d_model=16, max_len=16, mixer_options=dict(backend="torch", chunk_size=4))
+
+
+MEMBERS = [Member(0, 3e-3), Member(1, 1e-2)]
+
+
+def weights(record_dir):
+    state = torch.load(record_dir / "checkpoint.pt", weights_only=False)
+    return state["models"]
+
+
+def log_lines(path):
+    lines = [json.loads(line) for line in (path / "log.jsonl").read_text().splitlines()]
+    for line in lines:
+        line.pop("seconds")
+    return lines
+
+
+@pytest.mark.parametrize("name", ["loglinear_gated_deltanet", "loglinear_mamba2"])
+def test_training_resumes_bit_exactly(tmp_path, name):
+    cfg = TrainConfig(steps=8, batch_size=8, warmup_steps=3, eval_every=3, checkpoint_every=2)
+    straight = train(config(name), MEMBERS, TRAIN, TEST, cfg, out_dir=tmp_path / "a", progress=False)
+    first = train(config(name), MEMBERS, TRAIN, TEST, cfg, out_dir=tmp_path / "b", progress=False, stop_at=5)
+    assert not first["complete"] and first["steps_done"] == 5
+    # a crash after the last checkpoint: the log got a line the checkpoint does not hold
+    with (tmp_path / "b" / "log.jsonl").open("a") as f:
+        f.write(json.dumps(dict(step=7, seconds=0.0)) + "\n")
+    resumed = train(config(name), MEMBERS, TRAIN, TEST, cfg, out_dir=tmp_path / "b", progress=False)
+    assert resumed["complete"]
+    for a, b in zip(weights(tmp_path / "a"), weights(tmp_path / "b")):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key]), key
+    assert log_lines(tmp_path / "a") == log_lines(tmp_path / "b")
+    assert [h["step"] for h in straight["history"]] == [3, 3, 6, 6, 8, 8]
+
+
+def test_a_checkpoint_of_another_run_is_refused(tmp_path):
+    cfg = TrainConfig(steps=2, batch_size=4, warmup_steps=1, eval_every=2)
+    train(config(), MEMBERS, TRAIN, TEST, cfg, out_dir=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="another run"):
+        train(config(), [Member(5, 1e-3)], TRAIN, TEST, cfg, out_dir=tmp_path, progress=False)
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_members_train_as_if_alone():
+    """Member 1 of an ensemble ends with the weights it gets when trained by itself (same seed, same data)."""
+    cfg = TrainConfig(steps=4, batch_size=8, warmup_steps=2, eval_every=4)
+    together = train(config(), MEMBERS, TRAIN, TEST, cfg, progress=False)
+    alone = train(config(), MEMBERS[1:], TRAIN, TEST, cfg, progress=False)
+    assert together["final"][1]["train_loss"] == pytest.approx(alone["final"][0]["train_loss"], rel=1e-5)
+    assert together["final"][1]["accuracy"] == pytest.approx(alone["final"][0]["accuracy"])
+
+
+def test_schedule_warms_up_then_decays_to_zero():
+    assert lr_factor(0, 10, 100) == pytest.approx(0.1)
+    assert lr_factor(9, 10, 100) == pytest.approx(1.0)
+    assert lr_factor(10, 10, 100) == pytest.approx(1.0)
+    assert lr_factor(55, 10, 100) == pytest.approx(0.5)
+    assert lr_factor(100, 10, 100) == pytest.approx(0.0, abs=1e-12)
+    assert all(lr_factor(s, 10, 100) >= lr_factor(s + 1, 10, 100) for s in range(10, 100))
+
+
+def test_save_is_atomic(tmp_path):
+    path = tmp_path / "x.pt"
+    save_atomic({"a": torch.ones(2)}, path)
+    assert torch.equal(torch.load(path)["a"], torch.ones(2)) and not list(tmp_path.glob("*.tmp"))
+
+
+def test_batch_size_must_split_over_the_sets():
+    with pytest.raises(ValueError, match="split evenly"):
+        train(config(), MEMBERS, TRAIN, TEST, TrainConfig(steps=1, batch_size=5), progress=False)
+
+
+def test_cli_runs_the_cpu_tier_end_to_end(tmp_path):
+    experiment.main(["--tier", "cpu", "--steps", "2", "--eval-every", "2", "--out", str(tmp_path), "--no-progress",
+                     "--results", str(tmp_path / "results")])
+    result = json.loads((tmp_path / "results" / "mqar_cpu.json").read_text())
+    assert [j["model_name"] for j in result["jobs"]] == list(experiment.MODELS)
+    assert len(result["best"]) == len(experiment.MODELS)
+    assert result["command"].startswith("python -m loglin_edu.experiments.mqar --tier cpu")
+    assert {"device", "torch", "date"} <= result["environment"].keys()
+    for job in result["jobs"]:
+        assert job["complete"] and job["parameters"]["total"] > job["parameters"]["embedding"] > 0
+        assert (tmp_path / f"{job['name']}" / "checkpoint.pt").exists()
+
+
+def test_compare_separates_only_beyond_the_seed_spread():
+    def result(a, b):
+        best = [dict(model="x", width=8, accuracy=v) for v in a] + [dict(model="y", width=8, accuracy=v) for v in b]
+        return dict(best=best)
+
+    clear = experiment.compare(result([0.9, 0.91, 0.92], [0.5, 0.52, 0.48]), "x", "y", 8)
+    assert clear["separated"] and clear["better"] and clear["difference"] == pytest.approx(41.0)
+    noisy = experiment.compare(result([0.9, 0.5, 0.7], [0.6, 0.8, 0.5]), "x", "y", 8)
+    assert not noisy["separated"]
+    assert noisy["standard_error"] == pytest.approx(math.sqrt(0.04 / 3 * 1e4 + 0.0233333 / 3 * 1e4), rel=1e-3)
+    assert experiment.compare(result([0.9], [0.5, 0.6]), "x", "y", 8)["separated"] is None
+
+
+def test_paper_table_covers_every_model_and_width():
+    assert set(experiment.PAPER_MQAR) == set(experiment.MODELS)
+    assert all(set(v) == {16, 32, 64} for v in experiment.PAPER_MQAR.values())
