@@ -196,3 +196,24 @@ def test_ensemble_runs_each_member_exactly(name):
         assert_close(out[i], alone, what=f"{name} member {i} output")
         for n, p in model.named_parameters():
             assert_close(grads[n], p.grad, what=f"{name} member {i} grad of {n}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(MIXERS))
+def test_ensemble_on_cuda_matches_float64_on_cpu(name):
+    """The GPU tier's models (3-member ensembles, float32, no TF32) against the same weights in float64 on the CPU."""
+    from loglin_edu.experiments import mqar as experiment
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    config = experiment.model_config(experiment.TIERS["gpu/mqar"], name, 32)
+    gpu = Ensemble([build_model(config, seed=s) for s in range(3)]).cuda()
+    cpu = Ensemble([build_model(config, seed=s).double() for s in range(3)])
+    tokens, positions = torch.randint(0, 8192, (3, 4, 256)), torch.randint(0, 1024, (3, 100))
+    out = gpu(tokens.cuda(), positions.cuda())
+    out.square().mean().backward()
+    ref = cpu(tokens, positions)
+    ref.square().mean().backward()
+    assert ((out.double().cpu() - ref).norm() / ref.norm()).item() < 1e-5
+    grad = torch.cat([p.grad.flatten() for p in gpu.parameters()]).double().cpu()
+    grad_ref = torch.cat([p.grad.flatten() for p in cpu.parameters()])
+    assert ((grad - grad_ref).norm() / grad_ref.norm()).item() < 1e-4
