@@ -61,7 +61,7 @@ def reader_share(
     q = load_tile(q_ptr, sqt, t, T, tl.arange(0, BK), K)
     do = load_tile(do_ptr, sdt, t, T, tl.arange(0, BV), V)
     gc = tl.load(gc_ptr + t)
-    lam = tl.load(lam_ptr + t.to(tl.int64) * slt + C_LOG + level, mask=(t < T) & (C_LOG + level < L), other=0.0)
+    lam = tl.load(lam_ptr + t.to(tl.int64) * slt + C_LOG + level, mask=(t < T) & (t * 0 + C_LOG + level < L), other=0.0)
     decay = (tl.load(gend_ptr + c - 1) - g_e).to(gc.dtype)
     q_scaled = (q * (lam.to(gc.dtype) * tl.exp(gc + decay))[:, None]).to(dtype)
     return tl.dot(tl.trans(q_scaled), do.to(dtype), input_precision=IP)
