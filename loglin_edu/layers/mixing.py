@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import loglinear
+from .. import _checks, loglinear
 from .._layout import heads_first, time_first
 from ..chunk_scan import chunk_scan
 from ..deltanet import delta_attention_matrix
@@ -59,8 +59,7 @@ def resolve_backend(backend: str, x: torch.Tensor, has_kernel: bool) -> str:
 
 def check_form(form: str) -> None:
     """``form`` must name one of the PyTorch forms."""
-    if form not in FORMS:
-        raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+    _checks.check_form(form, FORMS)
 
 
 def mix(
