@@ -320,7 +320,9 @@ def device_slug() -> str:
     return "".join(ch if ch.isalnum() else "_" for ch in name)
 
 
-def benchmark(s: Setting, names, device, progress=True) -> list[dict]:
+def benchmark(s: Setting, names, device, progress=True, on_row=None) -> list[dict]:
+    """Every implementation of ``names`` at every length of ``s``; ``on_row(rows)`` after each measurement
+    (the CLI rewrites its results file then, so a run stopped early keeps what it measured)."""
     from tqdm.auto import tqdm
 
     rows = []
@@ -334,6 +336,8 @@ def benchmark(s: Setting, names, device, progress=True) -> list[dict]:
         row = measure(name, inputs, device)
         row.update(T=T, B=s.tokens // T)
         rows.append(row)
+        if on_row is not None:
+            on_row(rows)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows
@@ -396,6 +400,23 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def with_floor(row: dict, s: Setting) -> dict:
+    """``row`` with the counted work, the floor and (when timed) the fraction of the floor reached."""
+    work = counted_work(row["B"], row["T"], s)
+    row = {**row, **work, "floor_forward_ms": floor_ms(work, False), "floor_forward_backward_ms": floor_ms(work, True)}
+    if "forward_backward_ms" in row:
+        row["fraction_of_floor"] = row["floor_forward_backward_ms"] / row["forward_backward_ms"]
+    return row
+
+
+def write_json(path: Path, obj) -> None:
+    """Write ``obj`` as JSON through a temporary file (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    tmp.replace(path)
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m loglin_edu.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tier", choices=("gpu", "cpu"), default="gpu" if torch.cuda.is_available() else "cpu")
@@ -407,6 +428,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
 
+    results_dir = Path(__file__).resolve().parent.parent / "book" / "results"
     s = GPU if args.tier == "gpu" else CPU
     if args.lengths:
         s = Setting(**{**asdict(s), "lengths": tuple(args.lengths)})
@@ -438,18 +460,20 @@ def main(argv=None) -> dict:
         names = [n for n in IMPLEMENTATIONS if n not in (GPU_ONLY if device.type == "cpu" else CPU_ONLY)]
         if args.only:
             names = [n for n in names if any(o in n for o in args.only)]
-        result["rows"] = benchmark(s, names, device, progress=not args.quiet)
-        for row in result["rows"]:
-            work = counted_work(row["B"], row["T"], s)
-            row["floor_forward_ms"] = floor_ms(work, False)
-            row["floor_forward_backward_ms"] = floor_ms(work, True)
-            row.update({k: v for k, v in work.items()})
-            if "forward_backward_ms" in row:
-                row["fraction_of_floor"] = row["floor_forward_backward_ms"] / row["forward_backward_ms"]
-        default = f"kernels_{device_slug()}.json"
-    out = args.out or Path(__file__).resolve().parent.parent / "book" / "results" / default
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+        out = args.out or results_dir / f"kernels_{device_slug()}.json"
+
+        def save(rows):
+            result["rows"] = [with_floor(row, s) for row in rows]
+            result["complete"] = len(rows) == len(names) * len(s.lengths)
+            write_json(out, result)
+            row = rows[-1]
+            print(f"T={row['T']:6d} {row['name']}: fwd {row.get('forward_ms', float('nan')):.2f} ms, "
+                  f"fwd+bwd {row.get('forward_backward_ms', float('nan')):.2f} ms {row.get('error', '')}", flush=True)
+
+        benchmark(s, names, device, progress=not args.quiet, on_row=save)
+        default = out.name
+    out = args.out or results_dir / default
+    write_json(out, result)
     if "rows" in result:
         plot(result, out.with_suffix(".png"))
         print(summary_table(result["rows"], s))
