@@ -19,9 +19,22 @@ import torch
 MAX_BLOCK = 128  # widest K or V tile one program holds; wider heads are split by the wrappers
 
 
-def block(n: int) -> int:
-    """Tile width for a dimension of size ``n``: the next power of two, at least 16 (``tl.dot``'s minimum)."""
-    return max(16, 1 << (n - 1).bit_length())
+def block(n: int, minimum: int = 16) -> int:
+    """Tile width for a dimension of size ``n``: the next power of two, at least ``minimum`` (16 is
+    ``tl.dot``'s minimum)."""
+    return max(minimum, 1 << (n - 1).bit_length())
+
+
+def head_block(n: int) -> int:
+    """Tile width of a key or value dimension (``K`` or ``V``, the operands of the state products).
+
+    At least 64 on a GPU: with 16- or 32-wide tiles, Triton 3.6 on an H200 computed wrong fp16/bf16
+    outputs (NaN, or errors of 30-100 %) in the state-reading kernels while the interpreter was exact
+    (kernels/NOTES.md, run 8). The interpreter keeps the narrow tiles, which are correct and cheaper there.
+    """
+    from . import interpreted
+
+    return block(n, 16 if interpreted() else 64)
 
 
 def dot_precision(dtype: torch.dtype) -> str:

@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LaunchConfig, accumulator_dtype, block, dot_precision, state_dtype
+from ._common import LaunchConfig, accumulator_dtype, dot_precision, head_block, state_dtype
 from .chunk_tree import chunk_levels, level_block
 from .intra_chunk import fenwick_levels, level_column, level_matrix, level_sums, load_level_scales
 from .mamba2_chunked import decay_matrix, load_tile, store_tile
@@ -255,7 +255,7 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, nodes, do, chunk_size: i
     B, T, Hk, K = q.shape
     H, V, L = v.shape[2], v.shape[3], level_scales.shape[3]
     N = -(-T // chunk_size)
-    BK, BV, M = block(K), block(V), config.block_levels
+    BK, BV, M = head_block(K), head_block(V), config.block_levels
     n_levels = chunk_levels(T, chunk_size)
     NB = -(-N // (1 << M))
     acc = accumulator_dtype(q.dtype)

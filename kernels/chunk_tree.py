@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LaunchConfig, accumulator_dtype, block, dot_precision, state_dtype
+from ._common import LaunchConfig, accumulator_dtype, block, dot_precision, head_block, state_dtype
 from .intra_chunk import fenwick_levels, level_column, level_matrix, load_level_scales
 from .mamba2_chunked import decay_matrix, load_tile, store_tile
 
@@ -199,7 +199,7 @@ def build_tree(k, v, gc, gend, chunk_size: int, config: LaunchConfig = LaunchCon
     B, T, Hk, K = k.shape
     H, V = v.shape[2], v.shape[3]
     N = -(-T // chunk_size)
-    BK, BV, M = block(K), block(V), config.block_levels
+    BK, BV, M = head_block(K), head_block(V), config.block_levels
     NB = -(-N // (1 << M))
     nodes = torch.empty(B, H, N, BK, BV, device=k.device, dtype=state_dtype(k.dtype))
     upper = chunk_levels(T, chunk_size) > M
@@ -237,7 +237,7 @@ def loglinear_forward(q, k, v, level_scales, gc, gend, chunk_size: int = 64,
         q, k, v, level_scales, gc, gend, nodes, o, T, N, H, K, V, L, chunk_levels(T, chunk_size),
         q.stride(0), q.stride(1), 0 if Hk == 1 else q.stride(2), v.stride(0), v.stride(1), v.stride(2),
         level_scales.stride(0), level_scales.stride(1), level_scales.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=block(K), BV=block(V), BL=level_block(T, chunk_size),
+        C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=head_block(K), BV=head_block(V), BL=level_block(T, chunk_size),
         HG=HG, SHARED=Hk == 1, IP=dot_precision(q.dtype), num_warps=config.num_warps,
     )
     return o, nodes

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import MAX_BLOCK, accumulator_dtype, block, chunk_decay, dot_precision, last_dim_contiguous, reverse_cumsum
+from ._common import MAX_BLOCK, accumulator_dtype, chunk_decay, dot_precision, head_block, last_dim_contiguous, reverse_cumsum
 
 
 @triton.jit
@@ -160,8 +160,8 @@ def _launch_shape(q, v, chunk_size):
     H, V = v.shape[2], v.shape[3]
     if K > MAX_BLOCK:
         raise ValueError(f"the kernel holds K <= {MAX_BLOCK} (wrappers split wider keys), got K={K}")
-    BV = min(block(V), 64)
-    return B, T, H, K, V, block(K), BV, -(-V // BV), -(-T // chunk_size)
+    BV = min(head_block(V), 64)
+    return B, T, H, K, V, head_block(K), BV, -(-V // BV), -(-T // chunk_size)
 
 
 def mamba2_forward(q, k, v, gc, chunk_size: int = 64, num_warps: int = 4) -> torch.Tensor:

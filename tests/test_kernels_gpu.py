@@ -18,6 +18,9 @@ CASES = [  # (B, T, H, Hk, K, V), dtype
     ((2, 1000, 4, 4, 64, 64), torch.bfloat16),
     ((3, 333, 3, 1, 40, 24), torch.float32),
     ((3, 333, 3, 1, 40, 24), torch.bfloat16),
+    ((3, 333, 3, 1, 40, 24), torch.float16),
+    ((3, 333, 3, 1, 16, 16), torch.bfloat16),
+    ((3, 333, 3, 3, 32, 32), torch.bfloat16),
     ((1, 4096, 8, 1, 128, 64), torch.bfloat16),
     ((1, 65536, 2, 1, 128, 64), torch.float32),
     ((1, 65536, 2, 1, 128, 64), torch.bfloat16),
@@ -46,6 +49,28 @@ def test_errors_against_float64(shape, dtype):
     RECORDED.append(result)
     bad = {name: e for name, e in result["errors"].items() if not e <= BOUND[dtype]}
     assert not bad, f"{dtype} {shape}: relative errors above {BOUND[dtype]}: {bad}"
+
+
+@pytest.mark.parametrize("K, V", [(40, 24), (16, 16), (32, 32), (128, 64)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_ladder_kernels_in_16_bit(K, V, dtype):
+    """Steps 1 and 2 of the ladder in fp16/bf16 against their own fp32 run. Narrow head tiles (16, 32) once
+    gave NaN or 40 % errors here on an H200 (kernels/NOTES.md, run 8): ``head_block`` keeps them >= 64."""
+    from loglin_edu.fenwick import num_levels
+    from loglin_edu.kernels.intra_chunk import intra_chunk
+    from loglin_edu.kernels.mamba2_chunked import mamba2_triton
+
+    B, T, H = 3, 333, 3
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(B, T, 1, K, generator=gen) * K**-0.5 for _ in range(2))
+    v = torch.randn(B, T, H, V, generator=gen)
+    lam = 0.5 + torch.rand(B, T, H, num_levels(T) + 1, generator=gen)
+    g = -0.1 * torch.rand(B, T, H, generator=gen)
+    for name, fn in (("intra_chunk", lambda *x: intra_chunk(*x)), ("mamba2_triton", lambda q, k, v, lam, g: mamba2_triton(q, k, v, g))):
+        ref = fn(*(x.cuda() for x in (q, k, v, lam, g))).double()
+        out = fn(*(x.cuda().to(dtype) for x in (q, k, v, lam, g)))
+        error = ((out.double() - ref).norm() / ref.norm()).item()
+        assert error <= BOUND[dtype], f"{name} {dtype} K={K} V={V}: relative error {error:.1e} against its fp32 run"
 
 
 def test_default_form_on_cuda_is_triton():
