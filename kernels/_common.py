@@ -37,17 +37,21 @@ def head_block(n: int) -> int:
     return block(n, 16 if interpreted() else 64)
 
 
-def dot_precision(dtype: torch.dtype) -> str:
-    """``tl.dot`` precision: exact (``"ieee"``) for fp32/fp64 inputs, tf32 otherwise (fp16/bf16 dots
-    ignore it; the fp32 dots of an fp16 call read the fp32 node states)."""
-    return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
+def dot_precision(dtype: torch.dtype, precise_states: bool = False) -> str:
+    """``tl.dot`` precision: exact (``"ieee"``) for fp32/fp64 inputs; for fp16/bf16 inputs the 16-bit dots
+    ignore it and the fp32 dots (those with a state) run in tf32, or in ``"tf32x3"`` (three tf32 passes,
+    about fp32 accuracy) with ``precise_states``."""
+    if dtype in (torch.float32, torch.float64):
+        return "ieee"
+    return "tf32x3" if precise_states else "tf32"
 
 
-def state_dtype(dtype: torch.dtype) -> torch.dtype:
+def state_dtype(dtype: torch.dtype, precise_states: bool = False) -> torch.dtype:
     """Storage type of the ``K × V`` states kernels write to memory. They are always accumulated in
-    fp32 registers; bf16 calls store them in bf16 (half the traffic, bf16's range); fp16 calls keep
-    fp32, since a state can outgrow fp16's range; fp32/fp64 calls keep their own type."""
-    if dtype == torch.bfloat16:
+    fp32 registers; bf16 calls store them in bf16 (half the traffic, bf16's range) unless
+    ``precise_states``; fp16 calls keep fp32, since a state can outgrow fp16's range; fp32/fp64 calls
+    keep their own type."""
+    if dtype == torch.bfloat16 and not precise_states:
         return torch.bfloat16
     return accumulator_dtype(dtype)
 
@@ -96,6 +100,8 @@ class LaunchConfig:
     num_warps: warps per program of the per-chunk kernels; tree_warps: of the tree kernels;
     exact_node_grads: form and store the backward's node gradients in fp32 (tf32 products on a GPU)
         rather than the state dtype: d log_decay in bf16 needs it (kernels/backward.py).
+    precise_states: for fp16/bf16 inputs, store the states in fp32 and take every product with a state in
+        tf32x3 (kernels/backward.py: what ``d log_decay`` of a long bf16 sequence needs).
     """
 
     head_group: int = 1
@@ -103,6 +109,7 @@ class LaunchConfig:
     num_warps: int = 4
     tree_warps: int = 4
     exact_node_grads: bool = True
+    precise_states: bool = False
 
     def group(self, heads: int) -> int:
         """The largest divisor of ``heads`` not above ``head_group``."""

@@ -201,14 +201,14 @@ def build_tree(k, v, gc, gend, chunk_size: int, config: LaunchConfig = LaunchCon
     N = -(-T // chunk_size)
     BK, BV, M = head_block(K), head_block(V), config.block_levels
     NB = -(-N // (1 << M))
-    nodes = torch.empty(B, H, N, BK, BV, device=k.device, dtype=state_dtype(k.dtype))
+    nodes = torch.empty(B, H, N, BK, BV, device=k.device, dtype=state_dtype(k.dtype, config.precise_states))
     upper = chunk_levels(T, chunk_size) > M
     roots = torch.empty(B, H, NB if upper else 1, BK, BV, device=k.device, dtype=accumulator_dtype(k.dtype))
     sqh = 0 if Hk == 1 else k.stride(2)
     fenwick_tree_kernel[(H, NB, B)](
         k, v, gc, gend, nodes, roots, T, N, NB if upper else 0, H, K, V,
         k.stride(0), k.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2),
-        C=chunk_size, BK=BK, BV=BV, M=M, IP=dot_precision(k.dtype), num_warps=config.tree_warps,
+        C=chunk_size, BK=BK, BV=BV, M=M, IP=dot_precision(k.dtype, config.precise_states), num_warps=config.tree_warps,
     )
     if upper:
         nb_full = N >> M
@@ -238,6 +238,6 @@ def loglinear_forward(q, k, v, level_scales, gc, gend, chunk_size: int = 64,
         q.stride(0), q.stride(1), 0 if Hk == 1 else q.stride(2), v.stride(0), v.stride(1), v.stride(2),
         level_scales.stride(0), level_scales.stride(1), level_scales.stride(2), o.stride(0), o.stride(1), o.stride(2),
         C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=head_block(K), BV=head_block(V), BL=level_block(T, chunk_size),
-        HG=HG, SHARED=Hk == 1, IP=dot_precision(q.dtype), num_warps=config.num_warps,
+        HG=HG, SHARED=Hk == 1, IP=dot_precision(q.dtype, config.precise_states), num_warps=config.num_warps,
     )
     return o, nodes
