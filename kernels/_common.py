@@ -100,8 +100,9 @@ class LaunchConfig:
     num_warps: warps per program of the per-chunk kernels; tree_warps: of the tree kernels;
     exact_node_grads: form and store the backward's node gradients in fp32 (tf32 products on a GPU)
         rather than the state dtype: d log_decay in bf16 needs it (kernels/backward.py).
-    precise_states: for fp16/bf16 inputs, store the states in fp32 and take every product with a state in
-        tf32x3 (kernels/backward.py: what ``d log_decay`` of a long bf16 sequence needs).
+    precise_states: for fp16/bf16 inputs, form each chunk's leaf state from K̃ split into two 16-bit
+        parts, store the states in fp32 and take every product with a state in tf32x3: what
+        ``d log_decay`` of a long bf16 sequence needs (kernels/backward.py), at about twice the time.
     """
 
     head_group: int = 1

@@ -67,6 +67,7 @@ def fenwick_tree_kernel(
     T, N, NB, H, K, V,
     sqb, sqt, sqh, svb, svt, svh,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, M: tl.constexpr, IP: tl.constexpr,
+    SPLIT: tl.constexpr = False,
 ):
     """Grid ``(H, NB, B)``, ``NB = ceil(N / 2^M)``. node: ``[B, H, N, BK, BV]``; root: fp32 ``[B, H, NB, BK, BV]``."""
     i_h, i_blk, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -86,8 +87,12 @@ def fenwick_tree_kernel(
             v = load_tile(v_ptr, svt, t, T, rv, V)
             gc = tl.load(gc_ptr + t)
             g_last = tl.load(gc_ptr + c * C + C - 1)
-            k_to_end = (k * tl.exp(g_last - gc)[:, None]).to(v.dtype)
-            state = tl.dot(tl.trans(k_to_end), v, input_precision=IP)  # the leaf, decayed to its end
+            k_to_end = k * tl.exp(g_last - gc)[:, None]
+            k_high = k_to_end.to(v.dtype)
+            state = tl.dot(tl.trans(k_high), v, input_precision=IP)  # the leaf, decayed to its end
+            if SPLIT:  # what rounding K̃ to v's 16-bit type lost, as a second product
+                k_low = (k_to_end - k_high.to(k_to_end.dtype)).to(v.dtype)
+                state += tl.dot(tl.trans(k_low), v, input_precision=IP)
             g_end = tl.load(gend_ptr + c)
             merges = trailing_ones(i, M)
             for height in range(merges):  # merge with the left sibling of each height this chunk completes
@@ -209,6 +214,7 @@ def build_tree(k, v, gc, gend, chunk_size: int, config: LaunchConfig = LaunchCon
         k, v, gc, gend, nodes, roots, T, N, NB if upper else 0, H, K, V,
         k.stride(0), k.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2),
         C=chunk_size, BK=BK, BV=BV, M=M, IP=dot_precision(k.dtype, config.precise_states), num_warps=config.tree_warps,
+        SPLIT=config.precise_states and k.dtype in (torch.float16, torch.bfloat16),
     )
     if upper:
         nb_full = N >> M

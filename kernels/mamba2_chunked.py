@@ -97,7 +97,6 @@ def mamba2_bwd_kernel(
     """Grid ``(V / BV, H, B)``. do, dv: [B, T, H, V] (strides ``sd*``, ``sg*``). Writes this V-block's share of dq, dk (fp32 ``[NV, B, T, H, K]``, summed
     by the host), dv (``[B, T, H, V]``) and of ``q·dq``, ``k·dk`` (fp32 ``[NV, B, H, N·C]``)."""
     i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n_v = tl.num_programs(0)
     rk = tl.arange(0, BK)
     rv = i_v * BV + tl.arange(0, BV)
     q_ptr += i_b.to(tl.int64) * sqb + i_h * sqh

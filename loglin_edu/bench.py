@@ -275,8 +275,8 @@ def accuracy(shape, dtype: torch.dtype, device, seed: int = 0, config=None) -> d
     low = [x.to(device=device, dtype=dtype).requires_grad_(True) for x in raw]
     high = [x.detach().double().requires_grad_(True) for x in low]
     out = loglinear_mamba2(*low, config=config)
-    weights = torch.randn(out.shape, generator=gen).to(device)
-    grads = torch.autograd.grad((out.float() * weights).sum(), low)
+    weights = torch.randn(out.shape, generator=gen).to(device=device, dtype=dtype)  # dO, in the inputs' dtype
+    grads = torch.autograd.grad((out.float() * weights.float()).sum(), low)
     ref = loglinear_attention(*high, form="chunkwise", chunk_size=64)
     ref_grads = torch.autograd.grad((ref * weights.double()).sum(), high)
     names = ("o", "dq", "dk", "dv", "dlevel_scales", "dlog_decay")
@@ -304,10 +304,13 @@ def versions() -> dict:
 
 
 def git_commit() -> str:
+    """``LOGLIN_COMMIT`` when set (a copy of the tree whose ``.git`` is missing or stale), else ``git rev-parse HEAD``."""
+    if os.environ.get("LOGLIN_COMMIT"):
+        return os.environ["LOGLIN_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     except Exception:
-        return os.environ.get("LOGLIN_COMMIT", "unknown")
+        return "unknown"
 
 
 def device_slug() -> str:

@@ -123,6 +123,18 @@ def test_forward_and_every_gradient_match_float64(B, T, H, Hk, K, V, C, config):
     )
 
 
+@pytest.mark.parametrize("precise", [False, True])
+def test_16_bit_inputs_match_float64_of_the_same_rounded_inputs(precise):
+    """fp16 through the whole autograd Function, default and ``precise_states`` (split leaf, fp32 states,
+    tf32x3 products): every output within fp16's rounding of float64 on the same fp16 inputs."""
+    from loglin_edu.bench import accuracy
+
+    result = accuracy((1, 300, 2, 1, 20, 24), torch.float16, torch.device(DEVICE),
+                      config=LaunchConfig(block_levels=2, precise_states=precise))
+    bad = {name: e for name, e in result["errors"].items() if not e <= 2e-3}
+    assert not bad, f"precise_states={precise}: {bad}"
+
+
 def test_the_public_form_and_wide_heads():
     """``loglinear_attention(form="triton")``; K = 130 and V = 131 cross the 128-column blocks."""
     args = inputs(1, 20, 2, 1, 130, 131, seed=3)

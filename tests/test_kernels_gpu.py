@@ -12,18 +12,21 @@ import torch
 
 pytestmark = pytest.mark.gpu
 
-CASES = [  # (B, T, H, Hk, K, V), dtype
-    ((2, 1000, 4, 4, 64, 64), torch.float32),
-    ((2, 1000, 4, 4, 64, 64), torch.float16),
-    ((2, 1000, 4, 4, 64, 64), torch.bfloat16),
-    ((3, 333, 3, 1, 40, 24), torch.float32),
-    ((3, 333, 3, 1, 40, 24), torch.bfloat16),
-    ((3, 333, 3, 1, 40, 24), torch.float16),
-    ((3, 333, 3, 1, 16, 16), torch.bfloat16),
-    ((3, 333, 3, 3, 32, 32), torch.bfloat16),
-    ((1, 4096, 8, 1, 128, 64), torch.bfloat16),
-    ((1, 65536, 2, 1, 128, 64), torch.float32),
-    ((1, 65536, 2, 1, 128, 64), torch.bfloat16),
+CASES = [  # (B, T, H, Hk, K, V), dtype, LaunchConfig option ("precise": precise_states=True)
+    ((2, 1000, 4, 4, 64, 64), torch.float32, None),
+    ((2, 1000, 4, 4, 64, 64), torch.float16, None),
+    ((2, 1000, 4, 4, 64, 64), torch.bfloat16, None),
+    ((3, 333, 3, 1, 40, 24), torch.float32, None),
+    ((3, 333, 3, 1, 40, 24), torch.bfloat16, None),
+    ((3, 333, 3, 1, 40, 24), torch.float16, None),
+    ((3, 333, 3, 1, 16, 16), torch.bfloat16, None),
+    ((3, 333, 3, 3, 32, 32), torch.bfloat16, None),
+    ((1, 4096, 8, 1, 128, 64), torch.bfloat16, None),
+    ((1, 65536, 2, 1, 128, 64), torch.float32, None),
+    ((1, 65536, 2, 1, 128, 64), torch.bfloat16, "precise"),
+    pytest.param((1, 65536, 2, 1, 128, 64), torch.bfloat16, None, marks=pytest.mark.xfail(strict=True, reason=(
+        "default configuration: d log_decay's error grows like sqrt(T) (3.9e-2 at T = 65,536 on an H200, "
+        "kernels/NOTES.md run 8); LaunchConfig(precise_states=True) meets 1e-2"))),
 ]
 BOUND = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 RECORDED = []
@@ -34,18 +37,29 @@ def record():
     yield
     path = os.environ.get("LOGLIN_RECORD_ERRORS")
     if path and RECORDED:
-        from loglin_edu.bench import versions
+        import sys
+
+        from loglin_edu.bench import git_commit, versions
 
         with open(path, "w") as f:
-            json.dump({"versions": versions(), "reference": "loglinear_attention(form='chunkwise') in float64 on the GPU",
+            json.dump({"command": "LOGLIN_RECORD_ERRORS=... python -m pytest " + " ".join(sys.argv[1:]),
+                       "commit": git_commit(), "versions": versions(), "reference": "loglinear_attention(form='chunkwise') in float64 on the GPU",
                        "bounds": {str(k).replace("torch.", ""): v for k, v in BOUND.items()}, "cases": RECORDED}, f, indent=1)
 
 
-@pytest.mark.parametrize("shape, dtype", CASES, ids=[f"{s[1]}-{'shared' if s[3] == 1 else 'heads'}-{str(d)[6:]}" for s, d in CASES])
-def test_errors_against_float64(shape, dtype):
-    from loglin_edu.bench import accuracy
+def _case_id(case) -> str:
+    shape, dtype, config = case.values if hasattr(case, "values") else case
+    return f"{shape[1]}-{shape[4]}x{shape[5]}-{'shared' if shape[3] == 1 else 'heads'}-{str(dtype)[6:]}-{config or 'default'}"
 
-    result = accuracy(shape, dtype, torch.device("cuda"))
+
+@pytest.mark.parametrize("shape, dtype, config", CASES, ids=[_case_id(c) for c in CASES])
+def test_errors_against_float64(shape, dtype, config):
+    from loglin_edu.bench import accuracy
+    from loglin_edu.kernels._common import LaunchConfig
+
+    launch = LaunchConfig(precise_states=True) if config == "precise" else None
+    result = accuracy(shape, dtype, torch.device("cuda"), config=launch)
+    result["config"] = config or "default"
     RECORDED.append(result)
     bad = {name: e for name, e in result["errors"].items() if not e <= BOUND[dtype]}
     assert not bad, f"{dtype} {shape}: relative errors above {BOUND[dtype]}: {bad}"
