@@ -37,23 +37,46 @@ def head_block(n: int) -> int:
     return block(n, 16 if interpreted() else 64)
 
 
-def dot_precision(dtype: torch.dtype, precise_states: bool = False) -> str:
+PRECISIONS = ("fast", "split", "fp32", "exact")
+"""The precision ladder of 16-bit calls (``LaunchConfig.precision``), each rung adding one thing:
+
+- ``"fast"``: states stored in the input's 16-bit type (bf16; fp16 calls always keep fp32 states), their
+  fp32 products in tf32;
+- ``"split"``: each chunk's leaf ``K̃ᵀ V`` from K̃ split into two 16-bit parts (two products), so the
+  forward's states carry no rounding of the decayed keys;
+- ``"fp32"``: and states stored in fp32, their products in tf32;
+- ``"exact"``: and those products in tf32x3 (three tf32 passes, about fp32 accuracy).
+
+fp32 and fp64 calls ignore it: their products are exact (``"ieee"``) and their states keep their type.
+"""
+
+
+def check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+
+
+def dot_precision(dtype: torch.dtype, precision: str = "fast") -> str:
     """``tl.dot`` precision: exact (``"ieee"``) for fp32/fp64 inputs; for fp16/bf16 inputs the 16-bit dots
-    ignore it and the fp32 dots (those with a state) run in tf32, or in ``"tf32x3"`` (three tf32 passes,
-    about fp32 accuracy) with ``precise_states``."""
+    ignore it and the fp32 dots (those with a state) run in tf32, or in tf32x3 at ``precision="exact"``."""
     if dtype in (torch.float32, torch.float64):
         return "ieee"
-    return "tf32x3" if precise_states else "tf32"
+    return "tf32x3" if precision == "exact" else "tf32"
 
 
-def state_dtype(dtype: torch.dtype, precise_states: bool = False) -> torch.dtype:
+def state_dtype(dtype: torch.dtype, precision: str = "fast") -> torch.dtype:
     """Storage type of the ``K × V`` states kernels write to memory. They are always accumulated in
-    fp32 registers; bf16 calls store them in bf16 (half the traffic, bf16's range) unless
-    ``precise_states``; fp16 calls keep fp32, since a state can outgrow fp16's range; fp32/fp64 calls
-    keep their own type."""
-    if dtype == torch.bfloat16 and not precise_states:
+    fp32 registers; bf16 calls store them in bf16 (half the traffic, bf16's range) at precisions
+    ``"fast"`` and ``"split"``; fp16 calls keep fp32, since a state can outgrow fp16's range; fp32/fp64
+    calls keep their own type."""
+    if dtype == torch.bfloat16 and precision in ("fast", "split"):
         return torch.bfloat16
     return accumulator_dtype(dtype)
+
+
+def split_leaf(dtype: torch.dtype, precision: str = "fast") -> bool:
+    """Whether the tree kernel forms the leaf from K̃ split into two 16-bit parts (precision ladder)."""
+    return dtype in (torch.float16, torch.bfloat16) and precision != "fast"
 
 
 def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -100,9 +123,8 @@ class LaunchConfig:
     num_warps: warps per program of the per-chunk kernels; tree_warps: of the tree kernels;
     exact_node_grads: form and store the backward's node gradients in fp32 (tf32 products on a GPU)
         rather than the state dtype: d log_decay in bf16 needs it (kernels/backward.py).
-    precise_states: for fp16/bf16 inputs, form each chunk's leaf state from K̃ split into two 16-bit
-        parts, store the states in fp32 and take every product with a state in tf32x3: what
-        ``d log_decay`` of a long bf16 sequence needs (kernels/backward.py), at about twice the time.
+    precision: the rung of :data:`PRECISIONS` for fp16/bf16 calls. ``d log_decay`` of a long bf16
+        sequence needs more than ``"fast"`` (kernels/backward.py, kernels/NOTES.md runs 8-11).
     """
 
     head_group: int = 1
@@ -110,7 +132,10 @@ class LaunchConfig:
     num_warps: int = 4
     tree_warps: int = 4
     exact_node_grads: bool = True
-    precise_states: bool = False
+    precision: str = "fast"
+
+    def __post_init__(self) -> None:
+        check_precision(self.precision)
 
     def group(self, heads: int) -> int:
         """The largest divisor of ``heads`` not above ``head_group``."""

@@ -261,7 +261,7 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, nodes, do, chunk_size: i
     acc = accumulator_dtype(q.dtype)
     shared = Hk == 1
     HG = config.group(H)
-    d_nodes = torch.empty(B, H, N, BK, BV, device=q.device, dtype=acc if config.exact_node_grads else state_dtype(q.dtype, config.precise_states))
+    d_nodes = torch.empty(B, H, N, BK, BV, device=q.device, dtype=acc if config.exact_node_grads else state_dtype(q.dtype, config.precision))
     d_upper = torch.zeros(B, H, NB if n_levels > M else 1, BK, BV, device=q.device, dtype=acc)
     sqh = 0 if shared else q.stride(2)
     node_grad_kernel[(H, NB, B)](
@@ -269,7 +269,7 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, nodes, do, chunk_size: i
         n_levels, min(M, n_levels),
         q.stride(0), q.stride(1), sqh, do.stride(0), do.stride(1), do.stride(2),
         level_scales.stride(0), level_scales.stride(1), level_scales.stride(2),
-        C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=BK, BV=BV, M=M, IP=dot_precision(q.dtype, config.precise_states),
+        C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=BK, BV=BV, M=M, IP=dot_precision(q.dtype, config.precision),
         num_warps=config.tree_warps,
     )
     if shared:
@@ -283,7 +283,7 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, nodes, do, chunk_size: i
     qdq = torch.empty(B, H, N * chunk_size, device=q.device, dtype=acc)
     kdk = torch.empty_like(qdq)
     common = dict(C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=BK, BV=BV, BL=level_block(T, chunk_size),
-                  HG=HG, SHARED=shared, IP=dot_precision(q.dtype, config.precise_states), num_warps=config.num_warps)
+                  HG=HG, SHARED=shared, IP=dot_precision(q.dtype, config.precision), num_warps=config.num_warps)
     strides = (q.stride(0), q.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2),
                level_scales.stride(0), level_scales.stride(1), level_scales.stride(2),
                do.stride(0), do.stride(1), do.stride(2), dq.stride(0), dq.stride(1), dq.stride(2))

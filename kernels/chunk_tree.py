@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LaunchConfig, accumulator_dtype, block, dot_precision, head_block, state_dtype
+from ._common import LaunchConfig, accumulator_dtype, block, dot_precision, head_block, split_leaf, state_dtype
 from .intra_chunk import fenwick_levels, level_column, level_matrix, load_level_scales
 from .mamba2_chunked import decay_matrix, load_tile, store_tile
 
@@ -206,15 +206,15 @@ def build_tree(k, v, gc, gend, chunk_size: int, config: LaunchConfig = LaunchCon
     N = -(-T // chunk_size)
     BK, BV, M = head_block(K), head_block(V), config.block_levels
     NB = -(-N // (1 << M))
-    nodes = torch.empty(B, H, N, BK, BV, device=k.device, dtype=state_dtype(k.dtype, config.precise_states))
+    nodes = torch.empty(B, H, N, BK, BV, device=k.device, dtype=state_dtype(k.dtype, config.precision))
     upper = chunk_levels(T, chunk_size) > M
     roots = torch.empty(B, H, NB if upper else 1, BK, BV, device=k.device, dtype=accumulator_dtype(k.dtype))
     sqh = 0 if Hk == 1 else k.stride(2)
     fenwick_tree_kernel[(H, NB, B)](
         k, v, gc, gend, nodes, roots, T, N, NB if upper else 0, H, K, V,
         k.stride(0), k.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2),
-        C=chunk_size, BK=BK, BV=BV, M=M, IP=dot_precision(k.dtype, config.precise_states), num_warps=config.tree_warps,
-        SPLIT=config.precise_states and k.dtype in (torch.float16, torch.bfloat16),
+        C=chunk_size, BK=BK, BV=BV, M=M, IP=dot_precision(k.dtype, config.precision), num_warps=config.tree_warps,
+        SPLIT=split_leaf(k.dtype, config.precision),
     )
     if upper:
         nb_full = N >> M
@@ -244,6 +244,6 @@ def loglinear_forward(q, k, v, level_scales, gc, gend, chunk_size: int = 64,
         q.stride(0), q.stride(1), 0 if Hk == 1 else q.stride(2), v.stride(0), v.stride(1), v.stride(2),
         level_scales.stride(0), level_scales.stride(1), level_scales.stride(2), o.stride(0), o.stride(1), o.stride(2),
         C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=head_block(K), BV=head_block(V), BL=level_block(T, chunk_size),
-        HG=HG, SHARED=Hk == 1, IP=dot_precision(q.dtype, config.precise_states), num_warps=config.num_warps,
+        HG=HG, SHARED=Hk == 1, IP=dot_precision(q.dtype, config.precision), num_warps=config.num_warps,
     )
     return o, nodes

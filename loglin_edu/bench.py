@@ -360,6 +360,31 @@ def variants(s: Setting, lengths, configs, device) -> list[dict]:
     return rows
 
 
+def precision_ladder(s: Setting, lengths, device) -> list[dict]:
+    """Every rung of ``LaunchConfig.precision`` at each length: the setting's forward and forward+backward
+    time, and the errors against float64 of one sequence (B = 1, 2 heads, shared q/k, the setting's K, V
+    and dtype) — what choosing a default by T needs."""
+    from .kernels._common import PRECISIONS, LaunchConfig
+
+    rows = []
+    for T in lengths:
+        inputs = prepare(s.tokens // T, T, s, device)
+        for precision in PRECISIONS:
+            config = LaunchConfig(precision=precision)
+            row = measure("loglinear (ours, triton)", inputs, device, fn=lambda x, c=config: _ours(x, c))
+            errors = accuracy((1, T, 2, 1, s.key, s.value), s.torch_dtype, device, config=config)["errors"]
+            row.update(T=T, precision=precision, errors=errors)
+            rows.append(row)
+            print(f"T={T:6d} {precision:6s} fwd {row.get('forward_ms', float('nan')):.2f} ms  fwd+bwd "
+                  f"{row.get('forward_backward_ms', float('nan')):.2f} ms  d log_decay {errors['dlog_decay']:.1e}  "
+                  f"others <= {max(e for n, e in errors.items() if n != 'dlog_decay'):.1e} {row.get('error', '')}",
+                  flush=True)
+        del inputs
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
 def summary_table(rows: list[dict], s: Setting) -> str:
     names = list(dict.fromkeys(r["name"] for r in rows))
     lines = ["fwd+bwd ms (fwd ms)   " + " | ".join(f"T={T}" for T in s.lengths)]
@@ -428,6 +453,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", type=Path, help="results JSON (default book/results/kernels_<device>.json)")
     parser.add_argument("--accuracy", action="store_true", help="measure errors against float64 instead of speed")
     parser.add_argument("--variants", action="store_true", help="time our kernel under several launch configurations")
+    parser.add_argument("--precision", action="store_true",
+                        help="time and measure the errors of every rung of LaunchConfig.precision at each length")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
 
@@ -452,6 +479,9 @@ def main(argv=None) -> dict:
         for r in result["accuracy"]:
             print(r["dtype"], r["shape"], {k: f"{v:.1e}" for k, v in r["errors"].items()}, flush=True)
         default = f"kernels_accuracy_{device_slug()}.json"
+    elif args.precision:
+        result["precision"] = precision_ladder(s, s.lengths, device)
+        default = f"kernels_precision_ladder_{device_slug()}.json"
     elif args.variants:
         from .kernels._common import LaunchConfig
 

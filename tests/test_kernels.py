@@ -15,7 +15,7 @@ from operators import assert_close
 kernels = pytest.importorskip("loglin_edu.kernels.loglinear_mamba2")
 
 from loglin_edu.kernels import interpreted  # noqa: E402
-from loglin_edu.kernels._common import LaunchConfig, chunk_decay  # noqa: E402
+from loglin_edu.kernels._common import PRECISIONS, LaunchConfig, chunk_decay  # noqa: E402
 from loglin_edu.kernels.backward import loglinear_backward  # noqa: E402
 from loglin_edu.kernels.chunk_tree import loglinear_forward  # noqa: E402
 from loglin_edu.kernels.intra_chunk import intra_chunk  # noqa: E402
@@ -123,16 +123,21 @@ def test_forward_and_every_gradient_match_float64(B, T, H, Hk, K, V, C, config):
     )
 
 
-@pytest.mark.parametrize("precise", [False, True])
-def test_16_bit_inputs_match_float64_of_the_same_rounded_inputs(precise):
-    """fp16 through the whole autograd Function, default and ``precise_states`` (split leaf, fp32 states,
-    tf32x3 products): every output within fp16's rounding of float64 on the same fp16 inputs."""
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_16_bit_inputs_match_float64_of_the_same_rounded_inputs(precision):
+    """fp16 through the whole autograd Function at every rung of the precision ladder (split leaf, fp32
+    states, tf32x3 products): every output within fp16's rounding of float64 on the same fp16 inputs."""
     from loglin_edu.bench import accuracy
 
     result = accuracy((1, 300, 2, 1, 20, 24), torch.float16, torch.device(DEVICE),
-                      config=LaunchConfig(block_levels=2, precise_states=precise))
+                      config=LaunchConfig(block_levels=2, precision=precision))
     bad = {name: e for name, e in result["errors"].items() if not e <= 2e-3}
-    assert not bad, f"precise_states={precise}: {bad}"
+    assert not bad, f"precision={precision}: {bad}"
+
+
+def test_unknown_precision_is_refused():
+    with pytest.raises(ValueError, match="precision must be one of"):
+        LaunchConfig(precision="best")
 
 
 def test_the_public_form_and_wide_heads():
@@ -225,3 +230,13 @@ def test_benchmark_cpu_tier(tmp_path):
     assert (tmp_path / "b.json").exists() and (tmp_path / "b.png").exists()
     work = bench.counted_work(4, 32, bench.CPU)
     assert work["forward_flops"] > 0 and rows["loglinear (ours, triton)"]["floor_forward_backward_ms"] > 0
+
+
+def test_benchmark_precision_ladder_cpu_tier(tmp_path):
+    from loglin_edu import bench
+    from loglin_edu.kernels._common import PRECISIONS
+
+    result = bench.main(["--tier", "cpu", "--precision", "--lengths", "32", "--quiet", "--out", str(tmp_path / "p.json")])
+    assert [r["precision"] for r in result["precision"]] == list(PRECISIONS)
+    for row in result["precision"]:
+        assert "forward_backward_ms" in row and max(row["errors"].values()) < 1e-5, row  # fp32 on the CPU tier

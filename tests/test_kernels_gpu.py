@@ -12,7 +12,7 @@ import torch
 
 pytestmark = pytest.mark.gpu
 
-CASES = [  # (B, T, H, Hk, K, V), dtype, LaunchConfig option ("precise": precise_states=True)
+CASES = [  # (B, T, H, Hk, K, V), dtype, LaunchConfig.precision (None: the default)
     ((2, 1000, 4, 4, 64, 64), torch.float32, None),
     ((2, 1000, 4, 4, 64, 64), torch.float16, None),
     ((2, 1000, 4, 4, 64, 64), torch.bfloat16, None),
@@ -23,10 +23,10 @@ CASES = [  # (B, T, H, Hk, K, V), dtype, LaunchConfig option ("precise": precise
     ((3, 333, 3, 3, 32, 32), torch.bfloat16, None),
     ((1, 4096, 8, 1, 128, 64), torch.bfloat16, None),
     ((1, 65536, 2, 1, 128, 64), torch.float32, None),
-    ((1, 65536, 2, 1, 128, 64), torch.bfloat16, "precise"),
+    ((1, 65536, 2, 1, 128, 64), torch.bfloat16, "exact"),
     pytest.param((1, 65536, 2, 1, 128, 64), torch.bfloat16, None, marks=pytest.mark.xfail(strict=True, reason=(
         "default configuration: d log_decay's error grows like sqrt(T) (3.9e-2 at T = 65,536 on an H200, "
-        "kernels/NOTES.md run 8); LaunchConfig(precise_states=True) meets 1e-2"))),
+        "kernels/NOTES.md run 8); LaunchConfig(precision='exact') meets 1e-2"))),
 ]
 BOUND = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 RECORDED = []
@@ -57,7 +57,7 @@ def test_errors_against_float64(shape, dtype, config):
     from loglin_edu.bench import accuracy
     from loglin_edu.kernels._common import LaunchConfig
 
-    launch = LaunchConfig(precise_states=True) if config == "precise" else None
+    launch = None if config is None else LaunchConfig(precision=config)
     result = accuracy(shape, dtype, torch.device("cuda"), config=launch)
     result["config"] = config or "default"
     RECORDED.append(result)
