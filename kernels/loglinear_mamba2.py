@@ -5,10 +5,11 @@ columns (``K, V <= 128``); :func:`loglinear_mamba2` takes any shapes:
 
 - any ``T``: the kernels mask the tokens past ``T`` (no copy is padded);
 - any ``K, V``: padded to tiles of 64..128 on a GPU (16..128 under the interpreter: ``head_block``);
-  wider heads are cut into blocks of 128 columns — the operator is linear in ``v`` and, for fixed masks, bilinear in ``(q, k)``, so
-  ``o = Σ_key blocks o(q_b, k_b)`` and the value blocks are independent;
+  wider heads are cut into blocks of 128 columns — the operator is linear in ``v`` and, for fixed
+  masks, bilinear in ``(q, k)``, so ``o = Σ_key blocks o(q_b, k_b)`` and the value blocks are independent;
 - q, k per head or shared by all heads (``H = 1``, Mamba-2's single group);
-- fp32, fp16, bf16 (fp64 too, under the interpreter) inputs, fp32 accumulation.
+- fp32, fp16, bf16 (fp64 too, under the interpreter) inputs, fp32 accumulation;
+- inside :func:`torch.func.vmap` (its vmap rule folds the mapped dimension into the batch).
 
 Nothing is ``T × T``: besides the outputs, memory holds one ``K × V`` state per chunk (forward, kept for
 the backward) and one node gradient per chunk (backward).
@@ -28,24 +29,37 @@ CONFIG = LaunchConfig(head_group=1, block_levels=4, num_warps=4, tree_warps=4)
 
 
 class LogLinearMamba2(torch.autograd.Function):
-    """``o = loglinear_mamba2(q, k, v, level_scales, log_decay)`` for ``K, V <= 128``, with its backward."""
+    """``(o, gc, gend, nodes) = LogLinearMamba2.apply(q, k, v, level_scales, log_decay, chunk_size, config)``
+    for ``K, V <= 128``.
+
+    Only ``o`` is differentiable; ``gc, gend, nodes`` (the decay sums and the Fenwick tree of states) are
+    what the backward needs. Under :func:`torch.func.vmap` (the training ensemble) the mapped dimension is
+    folded into the batch — every sequence is independent — so the kernels run once for all members.
+    """
+
+    generate_vmap_rule = False
 
     @staticmethod
-    def forward(ctx, q, k, v, level_scales, log_decay, chunk_size, config):
-        q, k, v, level_scales = (last_dim_contiguous(x) for x in (q, k, v, level_scales))
-        if q.stride() != k.stride():
-            q, k = q.contiguous(), k.contiguous()
+    def forward(q, k, v, level_scales, log_decay, chunk_size, config):
+        q, k, v, level_scales = _prepared(q, k, v, level_scales)
         B, T, H = v.shape[:3]
         gc, gend = chunk_decay(log_decay, B, T, H, chunk_size, q.device, q.dtype)
         o, nodes = loglinear_forward(q, k, v, level_scales, gc, gend, chunk_size, config)
+        return o, gc, gend, nodes
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, level_scales, log_decay, chunk_size, config = inputs
+        _, gc, gend, nodes = output
+        ctx.mark_non_differentiable(gc, gend, nodes)
         ctx.save_for_backward(q, k, v, level_scales, gc, gend, nodes)
         ctx.chunk_size, ctx.config = chunk_size, config
         ctx.decay_dtype = None if log_decay is None else log_decay.dtype
-        return o
 
     @staticmethod
-    def backward(ctx, do):
+    def backward(ctx, do, *_):
         q, k, v, level_scales, gc, gend, nodes = ctx.saved_tensors
+        q, k, v, level_scales = _prepared(q, k, v, level_scales)
         dq, dk, dv, dlam, d_cum = loglinear_backward(
             q, k, v, level_scales, gc, gend, nodes, last_dim_contiguous(do), ctx.chunk_size, ctx.config
         )
@@ -53,6 +67,29 @@ class LogLinearMamba2(torch.autograd.Function):
         if ctx.decay_dtype is not None:
             dg = reverse_cumsum(d_cum, -1)[:, :, : q.shape[1]].transpose(1, 2).to(ctx.decay_dtype)
         return dq, dk, dv, dlam, dg, None, None
+
+    @staticmethod
+    def vmap(info, in_dims, q, k, v, level_scales, log_decay, chunk_size, config):
+        """``[M, B, ...]`` -> ``[M·B, ...]``, one call, and back (unmapped inputs are expanded)."""
+        M = info.batch_size
+
+        def fold(x, dim):
+            if x is None:
+                return None
+            x = x.unsqueeze(0).expand(M, *x.shape) if dim is None else x.movedim(dim, 0)
+            return x.reshape(M * x.shape[1], *x.shape[2:])
+
+        args = [fold(x, d) for x, d in zip((q, k, v, level_scales, log_decay), in_dims[:5])]
+        outputs = LogLinearMamba2.apply(*args, chunk_size, config)
+        return tuple(x.unflatten(0, (M, -1)) for x in outputs), (0, 0, 0, 0)
+
+
+def _prepared(q, k, v, level_scales):
+    """What the kernels read: last dimensions contiguous, q and k with equal strides."""
+    q, k, v, level_scales = (last_dim_contiguous(x) for x in (q, k, v, level_scales))
+    if q.stride() != k.stride():
+        q, k = q.contiguous(), k.contiguous()
+    return q, k, v, level_scales
 
 
 def loglinear_mamba2(q, k, v, level_scales, log_decay=None, chunk_size: int = 64,
@@ -76,7 +113,7 @@ def loglinear_mamba2(q, k, v, level_scales, log_decay=None, chunk_size: int = 64
     for vs in range(0, V, MAX_BLOCK):
         parts = [
             LogLinearMamba2.apply(q[..., ks : ks + MAX_BLOCK], k[..., ks : ks + MAX_BLOCK], v[..., vs : vs + MAX_BLOCK],
-                                  level_scales, log_decay, chunk_size, config)
+                                  level_scales, log_decay, chunk_size, config)[0]
             for ks in range(0, K, MAX_BLOCK)
         ]
         outputs.append(parts[0] if len(parts) == 1 else sum(parts))

@@ -3,6 +3,7 @@ the schedule and the experiment CLI do what they say."""
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -102,6 +103,15 @@ def test_cli_runs_the_cpu_tier_end_to_end(tmp_path):
     for job in result["jobs"]:
         assert job["complete"] and job["parameters"]["total"] > job["parameters"]["embedding"] > 0
         assert (tmp_path / f"{job['name']}" / "checkpoint.pt").exists()
+
+
+def test_tier_backend_reaches_the_layers():
+    tier = replace(experiment.TIERS["cpu"], backend="auto")
+    assert experiment._tier_from_dict(experiment._tier_to_dict(tier)) == tier
+    assert experiment.model_config(tier, "loglinear_mamba2", 32).mixer_options["backend"] == "auto"
+    assert experiment.model_config(tier, "gated_deltanet", 32).mixer_options["backend"] == "torch"  # no kernel
+    with pytest.raises(ValueError, match="backend must be"):
+        experiment.mixer_options("mamba2", 32, 8, "triton")
 
 
 def test_compare_separates_only_beyond_the_seed_spread():

@@ -90,6 +90,7 @@ class Tier:
     train: TrainConfig = field(default_factory=TrainConfig)
     n_layers: int = 2
     chunk_size: int = 64
+    backend: str = "torch"
 
 
 ZOOLOGY_LRS = (1e-3, 10**-2.5, 1e-2)  # the first three of Zoology's sweep logspace(-3, -1.5, 4)
@@ -114,24 +115,28 @@ TIERS: dict[str, Tier] = {
 }
 
 
-def mixer_options(model: str, width: int, chunk_size: int) -> dict[str, Any]:
+def mixer_options(model: str, width: int, chunk_size: int, backend: str = "torch") -> dict[str, Any]:
     """Each architecture's settings at a width (state sizes in :func:`state_size`).
 
     Transformer: one head (as Zoology's MQAR baseline), RoPE, the dense form (T <= 256).
     Mamba-2 (both): expand 2, heads of width 16, state width N = 16, one group.
     Gated DeltaNet (both): 2 heads, key width ``width / 2``, value width ``width``.
+    backend: ``"torch"`` (the PyTorch forms) or ``"auto"`` (the Triton kernel where a layer has one and the
+    tensors are on CUDA: log-linear Mamba-2); the other layers run their PyTorch forms either way.
     """
+    if backend not in ("torch", "auto"):
+        raise ValueError(f"backend must be 'torch' or 'auto', got {backend!r}")
     if model == "transformer":
         return dict(num_heads=1, backend="torch", form="naive")
     if model in ("mamba2", "loglinear_mamba2"):
-        return dict(d_state=16, head_dim=16, expand=2, backend="torch", chunk_size=chunk_size)
+        return dict(d_state=16, head_dim=16, expand=2, backend=backend, chunk_size=chunk_size)
     return dict(num_heads=2, expand_v=2, backend="torch", chunk_size=chunk_size)
 
 
 def model_config(tier: Tier, model: str, width: int) -> ModelConfig:
     return ModelConfig(
         model, vocab_size=tier.data.vocab_size, d_model=width, n_layers=tier.n_layers, max_len=tier.data.seq_len,
-        mixer_options=mixer_options(model, width, tier.chunk_size),
+        mixer_options=mixer_options(model, width, tier.chunk_size, tier.backend),
     )
 
 
@@ -257,7 +262,7 @@ def results_record(name: str, tier: Tier, records: list[dict[str, Any]], *, devi
     return dict(
         tier=name, command=command, commit=commit or git_commit(), environment=env or environment(device),
         seconds=round(seconds, 1), data=asdict(tier.data), train=tier.train.to_dict(), seeds=list(tier.seeds),
-        lrs=list(tier.lrs), models=list(tier.models), widths=list(tier.widths), jobs=records,
+        lrs=list(tier.lrs), models=list(tier.models), widths=list(tier.widths), backend=tier.backend, jobs=records,
         best=best_by_cell([r for r in records if r["complete"]]),
     )
 
@@ -396,7 +401,8 @@ def _tier_from_dict(d: dict[str, Any]) -> Tier:
     data = TaskSpec(**{**d["data"], "sizes": tuple(d["data"]["sizes"])})
     train_cfg = TrainConfig(**{**d["train"], "betas": tuple(d["train"]["betas"])})
     return Tier(data=data, models=tuple(d["models"]), widths=tuple(d["widths"]), seeds=tuple(d["seeds"]),
-                lrs=tuple(d["lrs"]), train=train_cfg, n_layers=d["n_layers"], chunk_size=d["chunk_size"])
+                lrs=tuple(d["lrs"]), train=train_cfg, n_layers=d["n_layers"], chunk_size=d["chunk_size"],
+                backend=d.get("backend", "torch"))
 
 
 def choose_tier(args: argparse.Namespace, task: str) -> tuple[str, Tier]:
@@ -412,6 +418,8 @@ def choose_tier(args: argparse.Namespace, task: str) -> tuple[str, Tier]:
         changes["seeds"] = tuple(int(s) for s in args.seeds.split(","))
     if args.lrs:
         changes["lrs"] = tuple(float(x) for x in args.lrs.split(","))
+    if args.backend:
+        changes["backend"] = args.backend
     train_changes = {k: v for k, v in dict(steps=args.steps, batch_size=args.batch_size, eval_every=args.eval_every,
                                            amp=args.amp or None).items() if v is not None}
     if train_changes:
@@ -436,6 +444,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--eval-every", type=int)
     parser.add_argument("--amp", action="store_true", help="bf16 autocast on CUDA (operators stay float32)")
+    parser.add_argument("--backend", choices=["torch", "auto"],
+                        help="'auto': the Triton kernel for log-linear Mamba-2 on CUDA (default: torch)")
     parser.add_argument("--commit", help="commit hash to record (default: git rev-parse HEAD)")
     parser.add_argument("--results", type=Path, help="also write each results file into this directory (e.g. book/results)")
     parser.add_argument("--no-progress", action="store_true")

@@ -9,9 +9,11 @@ run inside :func:`torch.func.vmap` (the training ensemble).
 Backends:
 
 - ``"torch"``: the PyTorch forms (``form`` = ``"naive"``, ``"recurrent"`` or ``"chunkwise"``); any device.
-- ``"triton"``: ``loglinear_attention(..., form="triton")`` (the Triton kernel of log-linear Mamba-2), when
-  the package has it; on CUDA, or on a CPU under Triton's interpreter.
-- ``"auto"``: ``"triton"`` for a layer that has a kernel, on a CUDA tensor, outside ``vmap``; else ``"torch"``.
+- ``"triton"``: :func:`loglin_edu.kernels.loglinear_mamba2` (the Triton kernel of log-linear Mamba-2, behind
+  ``loglinear_attention(..., form="triton")``), when the package has it; on CUDA, or on a CPU under Triton's
+  interpreter; inside :func:`torch.func.vmap` too (its autograd Function folds the mapped dimension into
+  the batch).
+- ``"auto"``: ``"triton"`` for a layer that has a kernel, on a CUDA tensor; else ``"torch"``.
 """
 
 from __future__ import annotations
@@ -33,10 +35,6 @@ def triton_form_available() -> bool:
     return "triton" in loglinear.FORMS
 
 
-def _inside_vmap(x: torch.Tensor) -> bool:
-    return torch._C._functorch.is_batchedtensor(x)
-
-
 def resolve_backend(backend: str, x: torch.Tensor, has_kernel: bool) -> str:
     """The backend a call on ``x`` uses: ``"torch"`` or ``"triton"`` (module docstring).
 
@@ -48,12 +46,10 @@ def resolve_backend(backend: str, x: torch.Tensor, has_kernel: bool) -> str:
         return "torch"
     usable = has_kernel and triton_form_available()
     if backend == "auto":
-        return "triton" if usable and x.is_cuda and not _inside_vmap(x) else "torch"
+        return "triton" if usable and x.is_cuda else "torch"
     if not usable:
         why = "this layer has no Triton kernel" if not has_kernel else "loglinear_attention has no form='triton' yet"
         raise ValueError(f"backend='triton' is not available: {why}; use backend='torch' or 'auto'")
-    if _inside_vmap(x):
-        raise ValueError("backend='triton' cannot run inside torch.func.vmap (the training ensemble): use 'torch'")
     return "triton"
 
 
@@ -85,7 +81,9 @@ def mix(
             up = [None if x is None else x.float() for x in (q, k, v, log_decay, beta, level_scales)]
             return mix(*up, backend=backend, form=form, chunk_size=chunk_size)
     if backend == "triton":
-        return loglinear.loglinear_attention(q, k, v, level_scales, log_decay, beta, form="triton", chunk_size=chunk_size)
+        from ..kernels.loglinear_mamba2 import loglinear_mamba2
+
+        return loglinear_mamba2(q, k, v, level_scales, log_decay, chunk_size=chunk_size)
     H = v.shape[2]
     q, k, v = heads_first(q, H), heads_first(k, H), heads_first(v, H)
     g = None if log_decay is None else log_decay.transpose(1, 2)
