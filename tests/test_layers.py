@@ -147,18 +147,19 @@ def test_triton_backend_matches_torch(device):
 
 
 @pytest.mark.skipif(not triton_form_available(), reason="loglinear_attention has no form='triton' yet")
-def test_triton_backend_trains_inside_the_ensemble():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_triton_backend_trains_inside_the_ensemble(device):
     """The training ensemble (vmap over members) on the Triton backend: one training step of log-linear
     Mamba-2 gives the same loss and the same gradients as on the torch backend."""
-    if not TRITON_ON_CPU:
+    if device == "cpu" and not TRITON_ON_CPU:
         pytest.skip("the Triton interpreter needs TRITON_INTERPRET=1 before triton is imported")
 
-    tokens = torch.randint(0, 32, (2, 3, 40), generator=torch.Generator().manual_seed(0))  # [members, B, T]
+    tokens = torch.randint(0, 32, (2, 3, 40), generator=torch.Generator().manual_seed(0)).to(device)  # [M, B, T]
     results = {}
     for backend in ("torch", "triton"):
         config = ModelConfig("loglinear_mamba2", vocab_size=32, d_model=16, n_layers=1, max_len=64,
                              mixer_options=dict(d_state=8, head_dim=8, chunk_size=16, backend=backend))
-        ensemble = Ensemble([build_model(config, seed=s) for s in (0, 1)])
+        ensemble = Ensemble([build_model(config, seed=s) for s in (0, 1)]).to(device)
         loss = ensemble(tokens).float().logsumexp(-1).mean()
         loss.backward()
         results[backend] = (loss.detach(), {n: p.grad.clone() for n, p in ensemble.named_parameters()})
