@@ -47,7 +47,7 @@ import triton.language as tl
 from ._common import LaunchConfig, accumulator_dtype, dot_precision, head_block, state_dtype
 from .chunk_tree import chunk_levels, level_block
 from .intra_chunk import fenwick_levels, level_column, level_matrix, level_sums, load_level_scales
-from .mamba2_chunked import decay_matrix, load_tile, store_tile
+from .mamba2_chunked import decay_matrix, load_qk_scores, load_tile, store_tile
 
 
 @triton.jit
@@ -133,17 +133,13 @@ def dq_kernel(
     q_ptr += i_b.to(tl.int64) * sqb
     k_ptr += i_b.to(tl.int64) * sqb
     if SHARED:
-        q = load_tile(q_ptr, sqt, t, T, rk, K)
-        k = load_tile(k_ptr, sqt, t, T, rk, K)
-        scores = tl.dot(q, tl.trans(k), input_precision=IP)
+        q, k, scores = load_qk_scores(q_ptr, k_ptr, sqt, t, T, rk, K, IP)
         dq_group = tl.zeros((C, BK), dtype=gc_ptr.dtype.element_ty)
     for hh in range(HG):
         h = i_g * HG + hh
         bh = (i_b * H + h).to(tl.int64)
         if not SHARED:
-            q = load_tile(q_ptr + h * sqh, sqt, t, T, rk, K)
-            k = load_tile(k_ptr + h * sqh, sqt, t, T, rk, K)
-            scores = tl.dot(q, tl.trans(k), input_precision=IP)
+            q, k, scores = load_qk_scores(q_ptr + h * sqh, k_ptr + h * sqh, sqt, t, T, rk, K, IP)
         v = load_tile(v_ptr + i_b.to(tl.int64) * svb + h * svh, svt, t, T, rv, V)
         do = load_tile(do_ptr + i_b.to(tl.int64) * sdb + h * sdh, sdt, t, T, rv, V)
         gc = tl.load(gc_ptr + bh * N * C + t)
@@ -196,17 +192,13 @@ def dkdv_kernel(
     q_ptr += i_b.to(tl.int64) * sqb
     k_ptr += i_b.to(tl.int64) * sqb
     if SHARED:
-        q = load_tile(q_ptr, sqt, t, T, rk, K)
-        k = load_tile(k_ptr, sqt, t, T, rk, K)
-        scores = tl.dot(q, tl.trans(k), input_precision=IP)
+        q, k, scores = load_qk_scores(q_ptr, k_ptr, sqt, t, T, rk, K, IP)
         dk_group = tl.zeros((C, BK), dtype=gc_ptr.dtype.element_ty)
     for hh in range(HG):
         h = i_g * HG + hh
         bh = (i_b * H + h).to(tl.int64)
         if not SHARED:
-            q = load_tile(q_ptr + h * sqh, sqt, t, T, rk, K)
-            k = load_tile(k_ptr + h * sqh, sqt, t, T, rk, K)
-            scores = tl.dot(q, tl.trans(k), input_precision=IP)
+            q, k, scores = load_qk_scores(q_ptr + h * sqh, k_ptr + h * sqh, sqt, t, T, rk, K, IP)
         v = load_tile(v_ptr + i_b.to(tl.int64) * svb + h * svh, svt, t, T, rv, V)
         do = load_tile(do_ptr + i_b.to(tl.int64) * sdb + h * sdh, sdt, t, T, rv, V)
         gc = tl.load(gc_ptr + bh * N * C + t)

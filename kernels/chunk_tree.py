@@ -46,7 +46,7 @@ import triton.language as tl
 
 from ._common import LaunchConfig, accumulator_dtype, block, dot_precision, head_block, split_leaf, state_dtype
 from .intra_chunk import fenwick_levels, level_column, level_matrix, load_level_scales
-from .mamba2_chunked import decay_matrix, load_tile, store_tile
+from .mamba2_chunked import decay_matrix, load_qk_scores, load_tile, store_tile
 
 
 @triton.jit
@@ -168,16 +168,12 @@ def loglinear_fwd_kernel(
     q_ptr += i_b.to(tl.int64) * sqb
     k_ptr += i_b.to(tl.int64) * sqb
     if SHARED:  # one q, k for every head: Q Kᵀ once per chunk
-        q = load_tile(q_ptr, sqt, t, T, rk, K)
-        k = load_tile(k_ptr, sqt, t, T, rk, K)
-        scores = tl.dot(q, tl.trans(k), input_precision=IP)
+        q, k, scores = load_qk_scores(q_ptr, k_ptr, sqt, t, T, rk, K, IP)
     for hh in range(HG):
         h = i_g * HG + hh
         bh = (i_b * H + h).to(tl.int64)
         if not SHARED:
-            q = load_tile(q_ptr + h * sqh, sqt, t, T, rk, K)
-            k = load_tile(k_ptr + h * sqh, sqt, t, T, rk, K)
-            scores = tl.dot(q, tl.trans(k), input_precision=IP)
+            q, k, scores = load_qk_scores(q_ptr + h * sqh, k_ptr + h * sqh, sqt, t, T, rk, K, IP)
         v = load_tile(v_ptr + i_b.to(tl.int64) * svb + h * svh, svt, t, T, rv, V)
         gc = tl.load(gc_ptr + bh * N * C + t)
         lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + h * slh, slt, t, T, L, BL, gc.dtype)

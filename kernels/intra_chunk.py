@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ._common import MAX_BLOCK, block, chunk_decay, dot_precision, head_block, last_dim_contiguous
-from .mamba2_chunked import decay_matrix, load_tile, store_tile
+from .mamba2_chunked import decay_matrix, load_qk_scores, load_tile, store_tile
 
 
 @triton.jit
@@ -84,14 +84,13 @@ def intra_chunk_kernel(
     i_c, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t = i_c * C + tl.arange(0, C)
     rk, rv = tl.arange(0, BK), tl.arange(0, BV)
-    q = load_tile(q_ptr + i_b.to(tl.int64) * sqb + i_h * sqh, sqt, t, T, rk, K)
-    k = load_tile(k_ptr + i_b.to(tl.int64) * sqb + i_h * sqh, sqt, t, T, rk, K)
+    head = i_b.to(tl.int64) * sqb + i_h * sqh
+    _, _, scores = load_qk_scores(q_ptr + head, k_ptr + head, sqt, t, T, rk, K, IP)
     v = load_tile(v_ptr + i_b.to(tl.int64) * svb + i_h * svh, svt, t, T, rv, V)
     gc = tl.load(gc_ptr + (i_b * H + i_h).to(tl.int64) * N * C + t)
     lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + i_h * slh, slt, t, T, L, BL, gc.dtype)
     weights = decay_matrix(gc, C) * level_matrix(lam, fenwick_levels(C, C_LOG), C_LOG, BL)
-    scores = tl.dot(q, tl.trans(k), input_precision=IP) * weights
-    out = tl.dot(scores.to(v.dtype), v, input_precision=IP)
+    out = tl.dot((scores * weights).to(v.dtype), v, input_precision=IP)
     store_tile(o_ptr + i_b.to(tl.int64) * sob + i_h * soh, sot, t, T, rv, V, out)
 
 

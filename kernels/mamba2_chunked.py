@@ -49,6 +49,14 @@ def load_tile(ptr, stride_t, t, T, cols, width):
 
 
 @triton.jit
+def load_qk_scores(q_ptr, k_ptr, stride_t, t, T, rk, K, IP: tl.constexpr):
+    """One head's chunk of q and k (``[C, BK]`` each, zero past ``T`` and ``K``) and its scores ``Q Kᵀ`` (``[C, C]``)."""
+    q = load_tile(q_ptr, stride_t, t, T, rk, K)
+    k = load_tile(k_ptr, stride_t, t, T, rk, K)
+    return q, k, tl.dot(q, tl.trans(k), input_precision=IP)
+
+
+@triton.jit
 def store_tile(ptr, stride_t, t, T, cols, width, x):
     """Store ``x: [C, BD]`` at rows ``t`` and columns ``cols``, only inside ``t < T`` and ``col < width``."""
     mask = (t[:, None] < T) & (cols[None, :] < width)
@@ -74,12 +82,11 @@ def mamba2_fwd_kernel(
     state = tl.zeros((BK, BV), dtype=gc_ptr.dtype.element_ty)  # fp32 (fp64 for fp64 input)
     for c in range(N):
         t = c * C + tl.arange(0, C)
-        q = load_tile(q_ptr, sqt, t, T, rk, K)
-        k = load_tile(k_ptr, sqt, t, T, rk, K)
+        q, k, scores = load_qk_scores(q_ptr, k_ptr, sqt, t, T, rk, K, IP)
         v = load_tile(v_ptr, svt, t, T, rv, V)
         gc = tl.load(gc_ptr + t)
         g_last = tl.load(gc_ptr + c * C + C - 1)
-        scores = tl.dot(q, tl.trans(k), input_precision=IP) * decay_matrix(gc, C)
+        scores *= decay_matrix(gc, C)
         out = tl.dot(scores.to(v.dtype), v, input_precision=IP)
         out += tl.dot((q * tl.exp(gc)[:, None]).to(v.dtype), state.to(v.dtype), input_precision=IP)
         store_tile(o_ptr, sot, t, T, rv, V, out)
@@ -133,14 +140,13 @@ def mamba2_bwd_kernel(
     for step in range(N):
         c = N - 1 - step
         t = c * C + tl.arange(0, C)
-        q = load_tile(q_ptr, sqt, t, T, rk, K)
-        k = load_tile(k_ptr, sqt, t, T, rk, K)
+        q, k, scores = load_qk_scores(q_ptr, k_ptr, sqt, t, T, rk, K, IP)
         v = load_tile(v_ptr, svt, t, T, rv, V)
         do = load_tile(do_ptr, sdt, t, T, rv, V)
         gc = tl.load(gc_ptr + t)
         g_last = tl.load(gc_ptr + c * C + C - 1)
         decay = decay_matrix(gc, C)
-        scores = tl.dot(q, tl.trans(k), input_precision=IP) * decay
+        scores *= decay
         d_scores = tl.dot(do, tl.trans(v), input_precision=IP) * decay
         to_end = tl.exp(g_last - gc)
         dv = tl.dot(tl.trans(scores.to(do.dtype)), do, input_precision=IP)

@@ -472,28 +472,26 @@ def main(argv=None) -> dict:
         "versions": versions(),
         "setting": asdict(s),
     }
+    mode = "accuracy" if args.accuracy else "precision_ladder" if args.precision else "variants" if args.variants else None
+    out = args.out or results_dir / f"kernels_{mode + '_' if mode else ''}{device_slug()}.json"
     if args.accuracy:
         shapes = ACCURACY_SHAPES if device.type == "cuda" else ((1, 40, 2, 1, 16, 16),)
         dtypes = (torch.float32, torch.float16, torch.bfloat16) if device.type == "cuda" else (torch.float32,)
         result["accuracy"] = [accuracy(shape, dt, device) for shape in shapes for dt in dtypes]
         for r in result["accuracy"]:
             print(r["dtype"], r["shape"], {k: f"{v:.1e}" for k, v in r["errors"].items()}, flush=True)
-        default = f"kernels_accuracy_{device_slug()}.json"
     elif args.precision:
         result["precision"] = precision_ladder(s, s.lengths, device)
-        default = f"kernels_precision_ladder_{device_slug()}.json"
     elif args.variants:
         from .kernels._common import LaunchConfig
 
         configs = [LaunchConfig(head_group=g, block_levels=m, num_warps=w, tree_warps=tw)
                    for g, m, w, tw in ((1, 4, 4, 4), (8, 4, 4, 4), (8, 4, 8, 4), (48, 4, 8, 4), (8, 3, 4, 8))]
         result["variants"] = variants(s, s.lengths, configs, device)
-        default = f"kernels_variants_{device_slug()}.json"
     else:
         names = [n for n in IMPLEMENTATIONS if n not in (GPU_ONLY if device.type == "cpu" else CPU_ONLY)]
         if args.only:
             names = [n for n in names if any(o in n for o in args.only)]
-        out = args.out or results_dir / f"kernels_{device_slug()}.json"
 
         def save(rows):
             result["rows"] = [with_floor(row, s) for row in rows]
@@ -504,8 +502,6 @@ def main(argv=None) -> dict:
                   f"fwd+bwd {row.get('forward_backward_ms', float('nan')):.2f} ms {row.get('error', '')}", flush=True)
 
         benchmark(s, names, device, progress=not args.quiet, on_row=save)
-        default = out.name
-    out = args.out or results_dir / default
     write_json(out, result)
     if "rows" in result:
         plot(result, out.with_suffix(".png"))

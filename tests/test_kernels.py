@@ -252,7 +252,7 @@ def test_benchmark_cpu_tier(tmp_path):
     result = bench.main(["--tier", "cpu", "--lengths", "32", "--quiet", "--out", str(tmp_path / "b.json")])
     rows = {r["name"]: r for r in result["rows"]}
     assert all("forward_backward_ms" in r for r in rows.values()), rows
-    assert (tmp_path / "b.json").exists() and (tmp_path / "b.png").exists()
+    assert (tmp_path / "b.json").exists() and (tmp_path / "b.png").exists() and result["complete"]
     work = bench.counted_work(4, 32, bench.CPU)
     assert work["forward_flops"] > 0 and rows["loglinear (ours, triton)"]["floor_forward_backward_ms"] > 0
 

@@ -112,6 +112,15 @@ def test_model_rejects_sequences_past_max_len():
         model(torch.zeros(1, 9, dtype=torch.long))
 
 
+def test_triton_backend_refuses_what_its_kernel_does_not_compute():
+    q = torch.zeros(1, 4, 1, 2)
+    v = torch.zeros(1, 4, 1, 2)
+    with pytest.raises(ValueError, match="level_scales and no beta"):
+        mix(q, q, v, torch.zeros(1, 4, 1), backend="triton")  # linear, no level scales
+    with pytest.raises(ValueError, match="level_scales and no beta"):
+        mix(q, q, v, torch.zeros(1, 4, 1), torch.ones(1, 4, 1), torch.ones(1, 4, 1, 3), backend="triton")
+
+
 def test_backend_resolution():
     x = torch.zeros(1)
     assert resolve_backend("auto", x, has_kernel=True) == "torch"  # CPU tensor

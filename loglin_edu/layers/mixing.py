@@ -81,6 +81,8 @@ def mix(
             up = [None if x is None else x.float() for x in (q, k, v, log_decay, beta, level_scales)]
             return mix(*up, backend=backend, form=form, chunk_size=chunk_size)
     if backend == "triton":
+        if beta is not None or level_scales is None:
+            raise ValueError("backend='triton' computes log-linear Mamba-2: level_scales and no beta")
         from ..kernels.loglinear_mamba2 import loglinear_mamba2
 
         return loglinear_mamba2(q, k, v, level_scales, log_decay, chunk_size=chunk_size)
