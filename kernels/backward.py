@@ -44,27 +44,32 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LaunchConfig, accumulator_dtype, dot_precision, head_block, state_dtype
+from ._common import LaunchConfig, accumulator_dtype, dot_precision, head_block, split_leaf, state_dtype
 from .chunk_tree import chunk_levels, level_block
 from .intra_chunk import fenwick_levels, level_column, level_matrix, level_sums, load_level_scales
-from .mamba2_chunked import decay_matrix, load_qk_scores, load_tile, store_tile
+from .mamba2_chunked import decay_matrix, load_qk_scores, load_tile, split16, store_tile
 
 
 @triton.jit
 def reader_share(
     q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, sqt, sdt, slt, c, level, g_e, T, K, V, L,
     C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IP: tl.constexpr, dtype,
+    SPLIT_DOTS: tl.constexpr,
 ):
     """``Q̃ᵀ dO`` of chunk ``c`` reading at chunk level ``level`` the node that ends where ``G = g_e``: [BK, BV].
-    The product runs in ``dtype``: the node-gradient type (fp32 keeps ``Q̃`` unrounded; see the module)."""
+    The product runs in ``dtype``, the node-gradient type; with SPLIT_DOTS (fp32 node gradients of 16-bit
+    inputs) as two exact 16-bit products of ``Q̃``'s parts (see the module)."""
     t = c * C + tl.arange(0, C)
     q = load_tile(q_ptr, sqt, t, T, tl.arange(0, BK), K)
     do = load_tile(do_ptr, sdt, t, T, tl.arange(0, BV), V)
     gc = tl.load(gc_ptr + t)
     lam = tl.load(lam_ptr + t.to(tl.int64) * slt + C_LOG + level, mask=(t < T) & (t * 0 + C_LOG + level < L), other=0.0)
     decay = (tl.load(gend_ptr + c - 1) - g_e).to(gc.dtype)
-    q_scaled = (q * (lam.to(gc.dtype) * tl.exp(gc + decay))[:, None]).to(dtype)
-    return tl.dot(tl.trans(q_scaled), do.to(dtype), input_precision=IP)
+    q_scaled = q * (lam.to(gc.dtype) * tl.exp(gc + decay))[:, None]
+    if SPLIT_DOTS:
+        q_high, q_low = split16(q_scaled, do.dtype)
+        return tl.dot(tl.trans(q_high), do, input_precision=IP) + tl.dot(tl.trans(q_low), do, input_precision=IP)
+    return tl.dot(tl.trans(q_scaled.to(dtype)), do.to(dtype), input_precision=IP)
 
 
 @triton.jit
@@ -73,7 +78,7 @@ def node_grad_kernel(
     T, N, NB, H, K, V, L, n_levels, n_inner,
     sqb, sqt, sqh, sdb, sdt, sdh, slb, slt, slh,
     C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, M: tl.constexpr,
-    IP: tl.constexpr,
+    IP: tl.constexpr, SPLIT_DOTS: tl.constexpr,
 ):
     """Grid ``(H, NB, B)``. dnode: ``[B, H, N, BK, BV]`` (nodes below height M); dupper: zeroed
     ``[B, H, NB, BK, BV]`` (nodes of height >= M, slot ``(e + 1) / 2^M - 1``). ``n_inner = min(M, n)``."""
@@ -99,7 +104,7 @@ def node_grad_kernel(
                     c = e + 1 + j
                     if c < N:
                         acc += reader_share(q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, sqt, sdt, slt, c, level, g_e,
-                                            T, K, V, L, C, C_LOG, BK, BV, IP, dnode_ptr.dtype.element_ty)
+                                            T, K, V, L, C, C_LOG, BK, BV, IP, dnode_ptr.dtype.element_ty, SPLIT_DOTS)
                 tl.store(dnode_ptr + e.to(tl.int64) * BK * BV + tile, acc.to(dnode_ptr.dtype.element_ty))
     for level in range(M + 1, n_levels + 1):  # nodes above: this block's share, added atomically
         if ((i_blk >> (level - 1 - M)) & 1) == 1:
@@ -110,7 +115,7 @@ def node_grad_kernel(
                 c = c_first + j
                 if c < N:
                     acc += reader_share(q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, sqt, sdt, slt, c, level, g_e,
-                                        T, K, V, L, C, C_LOG, BK, BV, IP, dnode_ptr.dtype.element_ty)
+                                        T, K, V, L, C, C_LOG, BK, BV, IP, dnode_ptr.dtype.element_ty, SPLIT_DOTS)
             tl.atomic_add(dupper_ptr + (((e + 1) >> M) - 1).to(tl.int64) * BK * BV + tile, acc)
 
 
@@ -176,19 +181,23 @@ def dq_kernel(
 
 @triton.jit
 def dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr, do_ptr, dk_ptr, dv_ptr, kdk_ptr,
+    q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr, res_ptr, do_ptr, dk_ptr, dv_ptr, kdk_ptr,
     T, N, NB, H, K, V, L, n_levels,
     sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdb, sdt, sdh, sgb, sgt, sgh, sub, sut, suh,
     C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
     M: tl.constexpr, HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
+    SPLIT: tl.constexpr, SPLIT_DOTS: tl.constexpr, RESIDUAL: tl.constexpr,
 ):
     """Grid ``(H / HG, N, B)``. dk: as dq of :func:`dq_kernel` (strides ``sg*``); dv: ``[B, T, H, V]``
-    (strides ``su*``); kdk: ``[B, H, N·C]`` receives ``k·dk`` of the levels (the chunk's own part is in qdq)."""
+    (strides ``su*``); kdk: ``[B, H, N·C]`` receives ``K̃·dK̃`` of the leaf (the chunk's own part is in
+    qdq), and at the chunk's last token the correction of its node's stored rounding (res, with RESIDUAL).
+    SPLIT as the tree kernel's; SPLIT_DOTS: fp32 node gradients of 16-bit inputs, multiplied in two parts."""
     i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t = i_c * C + tl.arange(0, C)
     rk, rv = tl.arange(0, BK), tl.arange(0, BV)
     tile = rk[:, None] * BV + rv[None, :]
     levels = fenwick_levels(C, C_LOG)
+    last = tl.arange(0, C) == C - 1
     q_ptr += i_b.to(tl.int64) * sqb
     k_ptr += i_b.to(tl.int64) * sqb
     if SHARED:
@@ -210,6 +219,7 @@ def dkdv_kernel(
         # the gradient of this chunk's leaf: its read ancestors' node gradients, decayed to the chunk's end
         g_end = tl.load(gend_ptr + bh * N + i_c)
         d_leaf = tl.zeros((BK, BV), dtype=gc.dtype)
+        own_rounding = tl.zeros((C,), dtype=gc.dtype)  # at the last token: <dS_e, stored - exact>, e = this chunk
         for height in range(n_levels):
             if ((i_c >> height) & 1) == 0:
                 e = (((i_c >> height) + 1) << height) - 1  # last chunk of the ancestor of this height
@@ -219,12 +229,26 @@ def dkdv_kernel(
                     else:
                         d_node = tl.load(dupper_ptr + (bh * NB + ((e + 1) >> M) - 1) * BK * BV + tile)
                     d_leaf += tl.exp((tl.load(gend_ptr + bh * N + e) - g_end).to(gc.dtype)) * d_node
+                    if RESIDUAL:
+                        if e == i_c:
+                            residual = tl.load(res_ptr + (bh * N + e) * BK * BV + tile).to(gc.dtype)
+                            own_rounding = tl.where(last, -tl.sum(tl.sum(d_node * residual, 1), 0), 0.0)
+        # the leaf's keys exactly as the forward multiplied them (rounded to 16 bits, or in two parts)
         to_end = tl.exp(tl.load(gc_ptr + bh * N * C + i_c * C + C - 1) - gc)
+        k_high, k_low = split16(k * to_end[:, None], v.dtype)
+        k_leaf = k_high.to(gc.dtype)
+        if SPLIT:
+            k_leaf += k_low.to(gc.dtype)
         d_leaf = d_leaf.to(dnode_ptr.dtype.element_ty)
-        dv += tl.dot((k * to_end[:, None]).to(d_leaf.dtype), d_leaf, input_precision=IP)
-        dk_levels = tl.dot(v.to(d_leaf.dtype), tl.trans(d_leaf), input_precision=IP) * to_end[:, None]
-        dk += dk_levels
-        tl.store(kdk_ptr + bh * N * C + t, tl.sum(k * dk_levels, 1))  # the chunk's own part is in dq_kernel's
+        dv += tl.dot(k_leaf.to(d_leaf.dtype), d_leaf, input_precision=IP)
+        if SPLIT_DOTS:
+            u_high, u_low = split16(d_leaf, v.dtype)
+            d_k_leaf = tl.dot(v, tl.trans(u_high), input_precision=IP) + tl.dot(v, tl.trans(u_low), input_precision=IP)
+        else:
+            d_k_leaf = tl.dot(v.to(d_leaf.dtype), tl.trans(d_leaf), input_precision=IP)
+        dk += d_k_leaf * to_end[:, None]
+        k_dk = tl.sum(k_leaf * d_k_leaf, 1) + own_rounding
+        tl.store(kdk_ptr + bh * N * C + t, k_dk)  # the chunk's own part is in dq_kernel's
         store_tile(dv_ptr + i_b.to(tl.int64) * sub + h * suh, sut, t, T, rv, V, dv)
         if SHARED:
             dk_group += dk
@@ -234,11 +258,11 @@ def dkdv_kernel(
         store_tile(dk_ptr + i_b.to(tl.int64) * sgb + i_g * sgh, sgt, t, T, rk, K, dk_group)
 
 
-def loglinear_backward(q, k, v, level_scales, gc, gend, nodes, do, chunk_size: int = 64,
+def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: int = 64,
                        config: LaunchConfig = LaunchConfig(), grads: dict | None = None):
     """Gradients of :func:`~loglin_edu.kernels.chunk_tree.loglinear_forward`: ``(dq, dk, dv, dlam, dG)``.
 
-    Inputs as the forward's (``nodes`` is what it returned), do: ``[B, T, H, V]``. dq, dk are shaped
+    Inputs as the forward's (``tree`` is what it returned), do: ``[B, T, H, V]``. dq, dk are shaped
     like q, k (summed over heads when shared); dG: ``[B, H, N·C]`` is the gradient of the cumulative
     decay. ``grads`` may hold preallocated outputs ``"dv"``, ``"dlam"`` and, for per-head q/k, ``"dq"``,
     ``"dk"`` (any strides, last dimension contiguous; ``dlam`` zeroed).
@@ -253,7 +277,9 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, nodes, do, chunk_size: i
     acc = accumulator_dtype(q.dtype)
     shared = Hk == 1
     HG = config.group(H)
+    nodes, residuals = tree
     d_nodes = torch.empty(B, H, N, BK, BV, device=q.device, dtype=acc if config.exact_node_grads else state_dtype(q.dtype, config.precision))
+    split_dots = q.dtype in (torch.float16, torch.bfloat16) and d_nodes.dtype == torch.float32
     d_upper = torch.zeros(B, H, NB if n_levels > M else 1, BK, BV, device=q.device, dtype=acc)
     sqh = 0 if shared else q.stride(2)
     node_grad_kernel[(H, NB, B)](
@@ -262,7 +288,7 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, nodes, do, chunk_size: i
         q.stride(0), q.stride(1), sqh, do.stride(0), do.stride(1), do.stride(2),
         level_scales.stride(0), level_scales.stride(1), level_scales.stride(2),
         C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=BK, BV=BV, M=M, IP=dot_precision(q.dtype, config.precision),
-        num_warps=config.tree_warps,
+        SPLIT_DOTS=split_dots, num_warps=config.tree_warps,
     )
     if shared:
         dq = torch.empty(B, T, H // HG, K, device=q.device, dtype=acc)
@@ -284,9 +310,10 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, nodes, do, chunk_size: i
         *strides, dlam.stride(0), dlam.stride(1), dlam.stride(2), **common,
     )
     dkdv_kernel[(H // HG, N, B)](
-        q, k, v, level_scales, gc, gend, d_nodes, d_upper, do, dk, dv, kdk, T, N, d_upper.shape[2], H, K, V, L,
+        q, k, v, level_scales, gc, gend, d_nodes, d_upper, residuals if residuals.numel() else nodes, do, dk, dv, kdk,
+        T, N, d_upper.shape[2], H, K, V, L,
         n_levels, *strides[:12], dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-        M=M, **common,
+        M=M, SPLIT=split_leaf(q.dtype, config.precision), SPLIT_DOTS=split_dots, RESIDUAL=residuals.numel() > 0, **common,
     )
     if shared:
         dq, dk = (x.sum(2, keepdim=True).to(q.dtype) for x in (dq, dk))

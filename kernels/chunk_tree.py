@@ -44,9 +44,11 @@ import torch
 import triton
 import triton.language as tl
 
+from typing import NamedTuple
+
 from ._common import LaunchConfig, accumulator_dtype, block, dot_precision, head_block, split_leaf, state_dtype
 from .intra_chunk import fenwick_levels, level_column, level_matrix, load_level_scales
-from .mamba2_chunked import decay_matrix, load_qk_scores, load_tile, store_tile
+from .mamba2_chunked import decay_matrix, load_qk_scores, load_tile, split16, store_tile
 
 
 @triton.jit
@@ -62,14 +64,33 @@ def trailing_ones(x, BITS):
 
 
 @triton.jit
+def store_node(node_ptr, res_ptr, offset, state, RESIDUAL: tl.constexpr):
+    """Store the fp32 ``state`` in the node type; with RESIDUAL, also what that rounding lost (``res_ptr``)."""
+    stored = state.to(node_ptr.dtype.element_ty)
+    tl.store(node_ptr + offset, stored)
+    if RESIDUAL:
+        tl.store(res_ptr + offset, (state - stored.to(state.dtype)).to(res_ptr.dtype.element_ty))
+
+
+@triton.jit
+def load_node(node_ptr, res_ptr, offset, dtype, RESIDUAL: tl.constexpr):
+    """A stored node in ``dtype``, its rounding undone with RESIDUAL: merges add unrounded children."""
+    node = tl.load(node_ptr + offset).to(dtype)
+    if RESIDUAL:
+        node += tl.load(res_ptr + offset).to(dtype)
+    return node
+
+
+@triton.jit
 def fenwick_tree_kernel(
-    k_ptr, v_ptr, gc_ptr, gend_ptr, node_ptr, root_ptr,
+    k_ptr, v_ptr, gc_ptr, gend_ptr, node_ptr, res_ptr, root_ptr,
     T, N, NB, H, K, V,
     sqb, sqt, sqh, svb, svt, svh,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, M: tl.constexpr, IP: tl.constexpr,
-    SPLIT: tl.constexpr = False,
+    SPLIT: tl.constexpr = False, RESIDUAL: tl.constexpr = False,
 ):
-    """Grid ``(H, NB, B)``, ``NB = ceil(N / 2^M)``. node: ``[B, H, N, BK, BV]``; root: fp32 ``[B, H, NB, BK, BV]``."""
+    """Grid ``(H, NB, B)``, ``NB = ceil(N / 2^M)``. node (and res, with RESIDUAL): ``[B, H, N, BK, BV]``;
+    root: fp32 ``[B, H, NB, BK, BV]``."""
     i_h, i_blk, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bh = (i_b * H + i_h).to(tl.int64)
     rk, rv = tl.arange(0, BK), tl.arange(0, BV)
@@ -79,6 +100,7 @@ def fenwick_tree_kernel(
     gc_ptr += bh * N * C
     gend_ptr += bh * N
     node_ptr += bh * N * BK * BV
+    res_ptr += bh * N * BK * BV
     for i in range(1 << M):
         c = (i_blk << M) + i
         if c < N:
@@ -88,30 +110,29 @@ def fenwick_tree_kernel(
             gc = tl.load(gc_ptr + t)
             g_last = tl.load(gc_ptr + c * C + C - 1)
             k_to_end = k * tl.exp(g_last - gc)[:, None]
-            k_high = k_to_end.to(v.dtype)
+            k_high, k_low = split16(k_to_end, v.dtype)
             state = tl.dot(tl.trans(k_high), v, input_precision=IP)  # the leaf, decayed to its end
             if SPLIT:  # what rounding K̃ to v's 16-bit type lost, as a second product
-                k_low = (k_to_end - k_high.to(k_to_end.dtype)).to(v.dtype)
                 state += tl.dot(tl.trans(k_low), v, input_precision=IP)
             g_end = tl.load(gend_ptr + c)
             merges = trailing_ones(i, M)
             for height in range(merges):  # merge with the left sibling of each height this chunk completes
                 e = c - (1 << height)
-                left = tl.load(node_ptr + e.to(tl.int64) * BK * BV + tile).to(state.dtype)
+                left = load_node(node_ptr, res_ptr, e.to(tl.int64) * BK * BV + tile, state.dtype, RESIDUAL)
                 state = tl.exp((g_end - tl.load(gend_ptr + e)).to(state.dtype)) * left + state
             if merges < M:  # a left node inside the block
-                tl.store(node_ptr + c.to(tl.int64) * BK * BV + tile, state.to(node_ptr.dtype.element_ty))
+                store_node(node_ptr, res_ptr, c.to(tl.int64) * BK * BV + tile, state, RESIDUAL)
             else:  # the block's root: the tree above the blocks needs it, left or right
                 tl.store(root_ptr + (bh * NB + i_blk) * BK * BV + tile, state)
                 if (i_blk & 1) == 0:
-                    tl.store(node_ptr + c.to(tl.int64) * BK * BV + tile, state.to(node_ptr.dtype.element_ty))
+                    store_node(node_ptr, res_ptr, c.to(tl.int64) * BK * BV + tile, state, RESIDUAL)
             tl.debug_barrier()  # the next merge reads what this one stored
 
 
 @triton.jit
 def fenwick_upper_kernel(
-    gend_ptr, node_ptr, root_ptr, N, NB, NB_FULL, H, ROOT_BITS,
-    BK: tl.constexpr, BV: tl.constexpr, M: tl.constexpr,
+    gend_ptr, node_ptr, res_ptr, root_ptr, N, NB, NB_FULL, H, ROOT_BITS,
+    BK: tl.constexpr, BV: tl.constexpr, M: tl.constexpr, RESIDUAL: tl.constexpr = False,
 ):
     """Grid ``(H, B)``: the binary counter over the ``NB_FULL`` complete block roots (levels above ``M``)."""
     i_h, i_b = tl.program_id(0), tl.program_id(1)
@@ -119,6 +140,7 @@ def fenwick_upper_kernel(
     tile = tl.arange(0, BK)[:, None] * BV + tl.arange(0, BV)[None, :]
     gend_ptr += bh * N
     node_ptr += bh * N * BK * BV
+    res_ptr += bh * N * BK * BV
     for beta in range(NB_FULL):
         c = ((beta + 1) << M) - 1  # last chunk of block beta
         state = tl.load(root_ptr + (bh * NB + beta) * BK * BV + tile)
@@ -126,10 +148,10 @@ def fenwick_upper_kernel(
         merges = trailing_ones(beta, ROOT_BITS)
         for height in range(merges):
             e = c - (1 << (M + height))
-            left = tl.load(node_ptr + e.to(tl.int64) * BK * BV + tile).to(state.dtype)
+            left = load_node(node_ptr, res_ptr, e.to(tl.int64) * BK * BV + tile, state.dtype, RESIDUAL)
             state = tl.exp((g_end - tl.load(gend_ptr + e)).to(state.dtype)) * left + state
         if merges > 0:  # an even block's root was stored by the tree kernel already
-            tl.store(node_ptr + c.to(tl.int64) * BK * BV + tile, state.to(node_ptr.dtype.element_ty))
+            store_node(node_ptr, res_ptr, c.to(tl.int64) * BK * BV + tile, state, RESIDUAL)
         tl.debug_barrier()
 
 
@@ -194,52 +216,67 @@ def level_block(T: int, chunk_size: int) -> int:
     return block(chunk_size.bit_length() + chunk_levels(T, chunk_size))
 
 
-def build_tree(k, v, gc, gend, chunk_size: int, config: LaunchConfig = LaunchConfig()) -> torch.Tensor:
-    """The Fenwick tree of chunk states: ``[B, H, N, BK, BV]`` (state dtype; slot ``e`` = the left node
-    ending at chunk ``e``). k: ``[B, T, H or 1, K]``; v: ``[B, T, H, V]``; gc, gend from ``chunk_decay``."""
+class FenwickTree(NamedTuple):
+    """The forward's tree, kept for the backward.
+
+    nodes: ``[B, H, N, BK, BV]`` in the state dtype, slot ``e`` = the left node ending at chunk ``e``;
+    residuals: what storing each node in a 16-bit type rounded away (same shape, same type), or an empty
+    tensor when nodes are stored in fp32. The backward needs them for ``d log_decay`` (kernels/backward.py).
+    """
+
+    nodes: torch.Tensor
+    residuals: torch.Tensor
+
+
+def build_tree(k, v, gc, gend, chunk_size: int, config: LaunchConfig = LaunchConfig()) -> FenwickTree:
+    """The Fenwick tree of chunk states (:class:`FenwickTree`). k: ``[B, T, H or 1, K]``; v: ``[B, T, H, V]``;
+    gc, gend from ``chunk_decay``."""
     B, T, Hk, K = k.shape
     H, V = v.shape[2], v.shape[3]
     N = -(-T // chunk_size)
     BK, BV, M = head_block(K), head_block(V), config.block_levels
     NB = -(-N // (1 << M))
     nodes = torch.empty(B, H, N, BK, BV, device=k.device, dtype=state_dtype(k.dtype, config.precision))
+    residual = nodes.dtype in (torch.float16, torch.bfloat16)
+    residuals = torch.empty_like(nodes) if residual else nodes.new_empty(0)
     upper = chunk_levels(T, chunk_size) > M
     roots = torch.empty(B, H, NB if upper else 1, BK, BV, device=k.device, dtype=accumulator_dtype(k.dtype))
     sqh = 0 if Hk == 1 else k.stride(2)
     fenwick_tree_kernel[(H, NB, B)](
-        k, v, gc, gend, nodes, roots, T, N, NB if upper else 0, H, K, V,
+        k, v, gc, gend, nodes, residuals if residual else nodes, roots, T, N, NB if upper else 0, H, K, V,
         k.stride(0), k.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2),
         C=chunk_size, BK=BK, BV=BV, M=M, IP=dot_precision(k.dtype, config.precision), num_warps=config.tree_warps,
-        SPLIT=split_leaf(k.dtype, config.precision),
+        SPLIT=split_leaf(k.dtype, config.precision), RESIDUAL=residual,
     )
     if upper:
         nb_full = N >> M
         fenwick_upper_kernel[(H, B)](
-            gend, nodes, roots, N, NB, nb_full, H, max(nb_full.bit_length(), 1),
-            BK=BK, BV=BV, M=M, num_warps=config.tree_warps,
+            gend, nodes, residuals if residual else nodes, roots, N, NB, nb_full, H, max(nb_full.bit_length(), 1),
+            BK=BK, BV=BV, M=M, RESIDUAL=residual, num_warps=config.tree_warps,
         )
-    return nodes
+    return FenwickTree(nodes, residuals)
 
 
 def loglinear_forward(q, k, v, level_scales, gc, gend, chunk_size: int = 64,
                       config: LaunchConfig = LaunchConfig(), out: torch.Tensor | None = None):
-    """Log-linear Mamba-2 forward: ``(o, nodes)``.
+    """Log-linear Mamba-2 forward.
 
     q, k: ``[B, T, H or 1, K]`` with equal strides and ``K <= 128``; v: ``[B, T, H, V]`` (``V <= 128``);
     level_scales: ``[B, T, H, L]``; gc, gend from :func:`~loglin_edu.kernels._common.chunk_decay`;
     every last dimension contiguous. ``out`` (optional, ``[B, T, H, V]``, any strides) receives o.
+    Returns ``(o, tree)``, ``tree`` the :class:`FenwickTree` the backward needs.
     """
     B, T, Hk, K = q.shape
     H, V, L = v.shape[2], v.shape[3], level_scales.shape[3]
     N = -(-T // chunk_size)
-    nodes = build_tree(k, v, gc, gend, chunk_size, config)
+    tree = build_tree(k, v, gc, gend, chunk_size, config)
     o = torch.empty(B, T, H, V, device=v.device, dtype=v.dtype) if out is None else out
     HG = config.group(H)
     loglinear_fwd_kernel[(H // HG, N, B)](
-        q, k, v, level_scales, gc, gend, nodes, o, T, N, H, K, V, L, chunk_levels(T, chunk_size),
+        q, k, v, level_scales, gc, gend, tree.nodes, o, T, N, H, K, V, L, chunk_levels(T, chunk_size),
         q.stride(0), q.stride(1), 0 if Hk == 1 else q.stride(2), v.stride(0), v.stride(1), v.stride(2),
         level_scales.stride(0), level_scales.stride(1), level_scales.stride(2), o.stride(0), o.stride(1), o.stride(2),
         C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=head_block(K), BV=head_block(V), BL=level_block(T, chunk_size),
         HG=HG, SHARED=Hk == 1, IP=dot_precision(q.dtype, config.precision), num_warps=config.num_warps,
     )
-    return o, nodes
+    return o, tree

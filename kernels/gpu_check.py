@@ -54,10 +54,10 @@ def run_case(dtype, shared, B, T, H, K, V, group) -> None:
 
     gc, gend = stage("chunk_decay", lambda: chunk_decay(g, B, T, H, 64, q.device, dt))
     stage("build_tree", lambda: build_tree(k, v, gc, gend, 64, config))
-    o, nodes = stage("forward", lambda: loglinear_forward(q, k, v, lam, gc, gend, 64, config))
-    print(f"  non-finite: o {(~o.isfinite()).sum().item()}, nodes {(~nodes.isfinite()).sum().item()}", flush=True)
+    o, tree = stage("forward", lambda: loglinear_forward(q, k, v, lam, gc, gend, 64, config))
+    print(f"  non-finite: o {(~o.isfinite()).sum().item()}, nodes {(~tree.nodes.isfinite()).sum().item()}", flush=True)
     do = torch.randn(o.shape, generator=gen).to(device, dt)
-    dq, dk, dv, dlam, d_cum = stage("backward", lambda: loglinear_backward(q, k, v, lam, gc, gend, nodes, do, 64, config))
+    dq, dk, dv, dlam, d_cum = stage("backward", lambda: loglinear_backward(q, k, v, lam, gc, gend, tree, do, 64, config))
     high = [x.double().requires_grad_(True) for x in (q, k, v, lam)]
     ref = loglinear_attention(*high, g.double(), form="chunkwise")
     ref_grads = torch.autograd.grad((ref * do.double()).sum(), high)

@@ -22,18 +22,18 @@ import torch
 from . import interpreted
 from ._common import MAX_BLOCK, LaunchConfig, chunk_decay, last_dim_contiguous, reverse_cumsum
 from .backward import loglinear_backward
-from .chunk_tree import loglinear_forward
+from .chunk_tree import FenwickTree, loglinear_forward
 
 CONFIG = LaunchConfig(head_group=1, block_levels=4, num_warps=4, tree_warps=4)
 """Launch configuration used by :func:`loglinear_mamba2` (measured on an H200: see kernels/NOTES.md)."""
 
 
 class LogLinearMamba2(torch.autograd.Function):
-    """``(o, gc, gend, nodes) = LogLinearMamba2.apply(q, k, v, level_scales, log_decay, chunk_size, config)``
-    for ``K, V <= 128``.
+    """``(o, gc, gend, nodes, residuals) = LogLinearMamba2.apply(q, k, v, level_scales, log_decay, chunk_size,
+    config)`` for ``K, V <= 128``.
 
-    Only ``o`` is differentiable; ``gc, gend, nodes`` (the decay sums and the Fenwick tree of states) are
-    what the backward needs. Under :func:`torch.func.vmap` (the training ensemble) the mapped dimension is
+    Only ``o`` is differentiable; ``gc, gend`` (the decay sums) and ``nodes, residuals`` (the Fenwick tree of
+    states, :class:`~loglin_edu.kernels.chunk_tree.FenwickTree`) are what the backward needs. Under :func:`torch.func.vmap` (the training ensemble) the mapped dimension is
     folded into the batch — every sequence is independent — so the kernels run once for all members.
     """
 
@@ -44,24 +44,24 @@ class LogLinearMamba2(torch.autograd.Function):
         q, k, v, level_scales = _prepared(q, k, v, level_scales)
         B, T, H = v.shape[:3]
         gc, gend = chunk_decay(log_decay, B, T, H, chunk_size, q.device, q.dtype)
-        o, nodes = loglinear_forward(q, k, v, level_scales, gc, gend, chunk_size, config)
-        return o, gc, gend, nodes
+        o, tree = loglinear_forward(q, k, v, level_scales, gc, gend, chunk_size, config)
+        return (o, gc, gend, *tree)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         q, k, v, level_scales, log_decay, chunk_size, config = inputs
-        _, gc, gend, nodes = output
-        ctx.mark_non_differentiable(gc, gend, nodes)
-        ctx.save_for_backward(q, k, v, level_scales, gc, gend, nodes)
+        _, gc, gend, nodes, residuals = output
+        ctx.mark_non_differentiable(gc, gend, nodes, residuals)
+        ctx.save_for_backward(q, k, v, level_scales, gc, gend, nodes, residuals)
         ctx.chunk_size, ctx.config = chunk_size, config
         ctx.decay_dtype = None if log_decay is None else log_decay.dtype
 
     @staticmethod
     def backward(ctx, do, *_):
-        q, k, v, level_scales, gc, gend, nodes = ctx.saved_tensors
+        q, k, v, level_scales, gc, gend, *tree = ctx.saved_tensors
         q, k, v, level_scales = _prepared(q, k, v, level_scales)
         dq, dk, dv, dlam, d_cum = loglinear_backward(
-            q, k, v, level_scales, gc, gend, nodes, last_dim_contiguous(do), ctx.chunk_size, ctx.config
+            q, k, v, level_scales, gc, gend, FenwickTree(*tree), last_dim_contiguous(do), ctx.chunk_size, ctx.config
         )
         dg = None
         if ctx.decay_dtype is not None:
@@ -81,7 +81,7 @@ class LogLinearMamba2(torch.autograd.Function):
 
         args = [fold(x, d) for x, d in zip((q, k, v, level_scales, log_decay), in_dims[:5])]
         outputs = LogLinearMamba2.apply(*args, chunk_size, config)
-        return tuple(x.unflatten(0, (M, -1)) for x in outputs), (0, 0, 0, 0)
+        return tuple(x.unflatten(0, (M, -1)) if x.numel() else x for x in outputs), (0, 0, 0, 0, 0 if outputs[4].numel() else None)
 
 
 def _prepared(q, k, v, level_scales):

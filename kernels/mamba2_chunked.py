@@ -57,6 +57,14 @@ def load_qk_scores(q_ptr, k_ptr, stride_t, t, T, rk, K, IP: tl.constexpr):
 
 
 @triton.jit
+def split16(x, dtype):
+    """``(hi, lo)`` in the 16-bit ``dtype`` with ``hi + lo = x`` to about 2^-16 relative: an fp32 block as two
+    operands of 16-bit products, which multiply exactly (tf32 would round ``x`` to 2^-11)."""
+    hi = x.to(dtype)
+    return hi, (x - hi.to(x.dtype)).to(dtype)
+
+
+@triton.jit
 def store_tile(ptr, stride_t, t, T, cols, width, x):
     """Store ``x: [C, BD]`` at rows ``t`` and columns ``cols``, only inside ``t < T`` and ``col < width``."""
     mask = (t[:, None] < T) & (cols[None, :] < width)

@@ -228,16 +228,16 @@ def test_guard_bands_no_read_or_write_out_of_bounds(shared):
     q, k, v, lam, g = views
     gc, gend = chunk_decay(g, B, T, H, C, q.device)
     o_buffer, o = padded_view((B, T, H, V))
-    _, nodes = loglinear_forward(q, k, v, lam, gc, gend, C, config, out=o)
+    _, tree = loglinear_forward(q, k, v, lam, gc, gend, C, config, out=o)
     buffers = {name: padded_view(shape) for name, shape in
                [("dv", (B, T, H, V)), ("dlam", tuple(lam.shape))] + ([] if shared else [("dq", (B, T, H, K)), ("dk", (B, T, H, K))])}
     buffers["dlam"][1].zero_()
     do = torch.randn(B, T, H, V, generator=torch.Generator().manual_seed(2)).to(DEVICE)
-    grads = loglinear_backward(q, k, v, lam, gc, gend, nodes, do, C, config,
+    grads = loglinear_backward(q, k, v, lam, gc, gend, tree, do, C, config,
                                grads={name: view for name, (_, view) in buffers.items()})
     assert guard_intact(o_buffer) and all(guard_intact(buf) for buf, _ in buffers.values())
-    ref_out, ref_nodes = loglinear_forward(*dense[:4], gc, gend, C, config)
-    ref_grads = loglinear_backward(*dense[:4], gc, gend, ref_nodes, do, C, config)
+    ref_out, ref_tree = loglinear_forward(*dense[:4], gc, gend, C, config)
+    ref_grads = loglinear_backward(*dense[:4], gc, gend, ref_tree, do, C, config)
     assert torch.equal(o, ref_out)
     for got, want in zip(grads, ref_grads):
         assert torch.isfinite(got).all() and torch.equal(got, want)
