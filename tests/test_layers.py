@@ -46,7 +46,7 @@ def make_layer(name, **options):
 def forward_backward(layer, x):
     x = x.detach().clone().requires_grad_(True)
     out = layer(x)
-    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype).to(out.device)
     (out * weights).sum().backward()
     grads = {n: torch.zeros_like(p) if p.grad is None else p.grad.clone() for n, p in layer.named_parameters()}
     layer.zero_grad()
