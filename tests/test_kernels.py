@@ -135,6 +135,24 @@ def test_16_bit_inputs_match_float64_of_the_same_rounded_inputs(precision):
     assert not bad, f"precision={precision}: {bad}"
 
 
+@pytest.mark.parametrize("node_type", ["fp32 nodes", "16-bit nodes"])
+def test_decay_gradient_does_not_grow_with_T_in_16_bit(node_type, monkeypatch):
+    """``d log_decay`` is a reverse cumulative sum of terms whose total cancels; unless the backward
+    uses exactly what the forward multiplied, its error grows like sqrt(T) (fp16, T = 2048: 7.9e-4
+    against 2.9e-4 for o, before the fix). fp16 stands in for bf16, whose dots the interpreter gets
+    wrong; "16-bit nodes" stores the tree in fp16 as bf16 calls do, which exercises the nodes' residuals."""
+    from loglin_edu import bench
+    from loglin_edu.kernels import backward, chunk_tree
+
+    if node_type == "16-bit nodes":
+        sixteen = lambda dtype, precision="fast": torch.float16  # noqa: E731
+        monkeypatch.setattr(chunk_tree, "state_dtype", sixteen)
+        monkeypatch.setattr(backward, "state_dtype", sixteen)
+    errors = bench.accuracy((1, 2048, 2, 1, 16, 16), torch.float16, torch.device(DEVICE))["errors"]
+    others = max(e for name, e in errors.items() if name != "dlog_decay")
+    assert errors["dlog_decay"] <= 1.5 * others, errors
+
+
 def test_unknown_precision_is_refused():
     with pytest.raises(ValueError, match="precision must be one of"):
         LaunchConfig(precision="best")
