@@ -24,15 +24,30 @@ The decay's gradient, as in step 1: ``∂L/∂G_t = q_t · dq_t - k_t · dk_t`` 
 cumulative sum over the sequence in fp64 on the host. Inside a chunk both dot products are sums of one
 ``[C, C]`` matrix ``D = (dO Vᵀ) ⊙ (Q Kᵀ) ⊙ E ⊙ Λ`` — ``q_t · dq_t`` its row sums, ``k_t · dk_t`` its column
 sums — so :func:`dq_kernel` takes ``rowsum(D) - colsum(D)`` in fp32, where the large diagonal terms
-cancel exactly; computed from bf16-rounded dq and dk instead, that cancellation left about 1% error
-in ``d log_decay`` (measured on an H200). The levels add ``Σ_ℓ λ_ℓ · dλ_ℓ`` and ``- k · dk_levels``.
+cancel exactly. The levels add ``Σ_ℓ λ_ℓ · dλ_ℓ`` and ``- K̃ · dK̃`` of the leaf.
 
-Precision of the node gradients: ``Q̃`` is ``Q`` scaled per token along the product's contraction, so in
-bf16 it must be rounded before the product, and ``d log_decay`` — a reverse cumulative sum over the
-whole sequence, with heavy cancellation — amplifies that rounding about threefold: 1.2% relative error
-in bf16 on an H200, above the 1% bound. With ``LaunchConfig.exact_node_grads`` (the default) the node
-gradients are formed and stored in fp32 (tf32 products on a GPU): ``Q̃`` loses 2^-11 instead of 2^-8.
-(Interpreter, fp16 as a proxy: ``d log_decay`` 8.0e-4 -> 3.6e-4, the level of every other gradient.)
+Why every rounding must be the forward's: the terms of ``∂L/∂G`` cancel in total (shifting every ``G``
+by a constant changes nothing), and the reverse cumulative sum carries whatever does not cancel to every
+earlier token. For node ``e`` the readers contribute ``<dS_e, S_e>`` with the node as stored, the writers
+``- Σ_c <dU_c, K̃_cᵀ V_c>``; these agree only if the backward uses what the forward multiplied. Three
+places did not, and each left an error that grew like ``√T`` (bf16 ``d log_decay`` 3.9e-2 at T = 65,536
+on an H200, against at most 2.9e-3 for every other gradient; kernels/NOTES.md runs 8-15):
+
+- the leaf keys: the forward rounds ``K̃ = diag(exp(g_last - gc)) K`` to 16 bits before ``K̃ᵀ V``;
+  :func:`dkdv_kernel` now forms ``K̃ · dK̃`` from that same rounded ``K̃`` (two parts at ``"split"``);
+- the stored nodes: bf16 nodes lose ``ρ_e`` in rounding; the tree keeps it
+  (``FenwickTree.residuals``), merges add children unrounded, and the chunk that ends node ``e`` adds
+  the correction ``<dS_e, ρ_e>`` at its last token, so each node's terms cancel between its end and
+  its readers instead of across the whole sequence;
+- the node gradients: tf32 products round ``Q̃`` to 2^-11; in 16-bit calls the fp32 ``Q̃`` and ``dU``
+  are split into two 16-bit parts whose products are exact (:func:`~.mamba2_chunked.split16`), at the
+  cost of one tf32 product.
+
+Measured after the change (H200): bf16 ``d log_decay`` 2.0e-3 at every length from 333 to 65,536. One
+mismatch is left: fp32 nodes (fp16 calls, and the ``"fp32"`` rung) are read by :func:`dq_kernel` through
+a tf32 product, and fp16's ``d log_decay`` still grows, 1.2e-3 at 1,000 to 4.3e-3 at 65,536.
+The node gradients are formed and stored in fp32 (``LaunchConfig.exact_node_grads``, the default): in
+bf16 ``Q̃`` would be rounded before the product.
 
 With q, k shared by all heads, one program handles ``head_group`` heads and sums their dq, dk in
 registers; the host sums over the groups that remain. Work: about twice the forward's.
