@@ -218,6 +218,7 @@ def train(
     device: str | torch.device = "cpu",
     progress: bool = True,
     stop_at: int | None = None,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
     """Train one ensemble (module docstring) and return its record.
 
@@ -225,7 +226,8 @@ def train(
     the recall sets each batch draws from (``batch_size / len(train_sets)`` rows from each); test_sets:
     name -> set, evaluated every ``eval_every`` steps; out_dir: where ``log.jsonl`` and ``checkpoint.pt``
     go (None: nowhere, no resuming); stop_at: stop after this step as if interrupted (the checkpoint
-    then lets a later call finish the run). Returns ``dict(name, model, parameters, members, config,
+    then lets a later call finish the run); deadline: a ``time.time()`` after which the run stops at the end
+    of the step it is in, evaluates there and checkpoints (``complete`` False: a budget ran out). Returns ``dict(name, model, parameters, members, config,
     history, final, seconds)``; ``history`` holds the evaluation lines.
     """
     device = torch.device(device)
@@ -288,7 +290,8 @@ def train(
         loss_steps += 1
         step_ends = step_ends[-20:] + [time.perf_counter()]
         done = step + 1
-        if done % config.eval_every == 0 or done == config.steps:
+        out_of_time = deadline is not None and time.time() >= deadline and done < end
+        if done % config.eval_every == 0 or done == config.steps or out_of_time:
             seconds += time.perf_counter() - tick
             results = evaluate(ensemble, test_sets, config.eval_batch_size, config.amp)
             train_loss = (loss_sum / loss_steps).tolist()
@@ -312,6 +315,9 @@ def train(
             seconds += time.perf_counter() - tick
             tick = time.perf_counter()
             checkpoint(done)
+        if out_of_time:
+            end = done
+            break
     seconds += time.perf_counter() - tick
     if end > start:
         checkpoint(end)

@@ -55,6 +55,24 @@ def test_training_resumes_bit_exactly(tmp_path, name):
     assert [h["step"] for h in straight["history"]] == [3, 3, 6, 6, 8, 8]
 
 
+def test_a_deadline_stops_evaluates_and_the_run_resumes(tmp_path):
+    """A run out of wall-clock time stops after the step it is in, evaluates there and checkpoints; a later
+    call without a deadline finishes it with the weights of an uninterrupted run."""
+    import time
+
+    cfg = TrainConfig(steps=6, batch_size=8, warmup_steps=2, eval_every=3)
+    straight = train(config(), MEMBERS, TRAIN, TEST, cfg, out_dir=tmp_path / "a", progress=False)
+    stopped = train(config(), MEMBERS, TRAIN, TEST, cfg, out_dir=tmp_path / "b", progress=False, deadline=time.time())
+    assert not stopped["complete"] and stopped["steps_done"] == 1
+    assert [h["step"] for h in stopped["history"]] == [1, 1] and stopped["final"] == stopped["history"]
+    resumed = train(config(), MEMBERS, TRAIN, TEST, cfg, out_dir=tmp_path / "b", progress=False)
+    assert resumed["complete"] and [h["step"] for h in resumed["history"]] == [1, 1, 3, 3, 6, 6]
+    for a, b in zip(weights(tmp_path / "a"), weights(tmp_path / "b")):
+        for key in a:
+            assert torch.equal(a[key], b[key]), key
+    assert straight["final"][0]["accuracy"] == resumed["final"][0]["accuracy"]
+
+
 def test_a_checkpoint_of_another_run_is_refused(tmp_path):
     cfg = TrainConfig(steps=2, batch_size=4, warmup_steps=1, eval_every=2)
     train(config(), MEMBERS, TRAIN, TEST, cfg, out_dir=tmp_path, progress=False)

@@ -182,13 +182,14 @@ def make_sets(spec: TaskSpec, cache: Path | None = None) -> tuple[list[RecallSet
 
 
 def run_job(tier: Tier, model: str, width: int, *, out_dir: Path | None, device: str, progress: bool = True,
-            sets=None, stop_at: int | None = None, data_cache: Path | None = None) -> dict[str, Any]:
+            sets=None, stop_at: int | None = None, deadline: float | None = None,
+            data_cache: Path | None = None) -> dict[str, Any]:
     """Train one ensemble (every seed and learning rate of ``tier``) of ``model`` at ``width``."""
     train_sets, test_sets = sets if sets is not None else make_sets(tier.data, data_cache)
     members = [Member(seed, lr) for seed in tier.seeds for lr in tier.lrs]
     config = model_config(tier, model, width)
     record = train(config, members, train_sets, test_sets, tier.train, out_dir=out_dir, name=f"{model}-d{width}",
-                   device=device, progress=progress, stop_at=stop_at)
+                   device=device, progress=progress, stop_at=stop_at, deadline=deadline)
     record.update(model_name=model, width=width, state_size=state_size(config))
     return record
 
@@ -294,10 +295,14 @@ def run_parallel(tiers: dict[str, Tier], out: Path, device: str, *, jobs: int, b
     steps — inside the warm-up, where the schedule does not depend on the total — and measures the slowest
     job's seconds per step while all of them run; every tier's ``steps`` then becomes what fits in the rest of
     the budget (at most the tier's own, a multiple of its ``eval_every``), and phase 2 resumes every job
-    from its checkpoint to that many steps. Returns ``{tier name: results record}``; each is also written
+    from its checkpoint to that many steps. The estimate can be optimistic (jobs that finish their
+    calibration early leave the others less contention than phase 2 has: on an H200 with ten jobs it
+    measured 55 ms per step against 130 in phase 2), so phase 2 also gets a deadline, ``budget_s - 20`` s
+    after the start: a job still running then stops, evaluates and records where it got
+    (``complete`` False). Returns ``{tier name: results record}``; each is also written
     to ``out/<tier>/results.json``.
     """
-    start = time.perf_counter()
+    start, wall_start = time.perf_counter(), time.time()
     grid = sorted(((n, m, w) for n, t in tiers.items() for w in t.widths for m in t.models),
                   key=lambda job: (SLOWEST_FIRST[job[1]], -job[2]))
     for n, t in tiers.items():
@@ -320,7 +325,7 @@ def run_parallel(tiers: dict[str, Tier], out: Path, device: str, *, jobs: int, b
             tiers[n] = replace(t, train=replace(t.train, steps=steps))
             print(f"[{time.strftime('%H:%M:%S')}] {n}: {per_step * 1e3:.0f} ms per step with {len(grid)} jobs, "
                   f"{left:.0f} s left -> {steps} steps", flush=True)
-    _run_workers(tiers, grid, out, device, jobs)
+    _run_workers(tiers, grid, out, device, jobs, deadline=None if budget_s is None else wall_start + budget_s - 20)
     seconds = time.perf_counter() - start
     results = {}
     for n, t in tiers.items():
@@ -368,8 +373,10 @@ def _read_record(out: Path, job: tuple[str, str, int]) -> dict[str, Any] | None:
     return None
 
 
-def _run_workers(tiers: dict[str, Tier], grid, out: Path, device: str, jobs: int, stop_at: int | None = None) -> None:
-    """Run each job of ``grid`` in its own worker process, ``jobs`` at a time."""
+def _run_workers(tiers: dict[str, Tier], grid, out: Path, device: str, jobs: int, stop_at: int | None = None,
+                 deadline: float | None = None) -> None:
+    """Run each job of ``grid`` in its own worker process, ``jobs`` at a time (``stop_at``, ``deadline``: as
+    :func:`~loglin_edu.train.train`'s)."""
     pending = list(grid)
     running: dict[tuple[str, str, int], subprocess.Popen] = {}
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
@@ -382,6 +389,8 @@ def _run_workers(tiers: dict[str, Tier], grid, out: Path, device: str, jobs: int
                    "--out", str(job_dir), "--device", device, "--tier-json", json.dumps(_tier_to_dict(tiers[job[0]]))]
             if stop_at is not None:
                 cmd += ["--stop-at", str(stop_at)]
+            if deadline is not None:
+                cmd += ["--deadline", repr(deadline)]
             with (job_dir / "stdout.txt").open("a") as log:
                 running[job] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         time.sleep(0.5)
@@ -436,6 +445,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="parallel worker processes (gpu tier)")
     parser.add_argument("--budget-s", type=float, help="gpu tier: fit the number of steps into this many seconds")
     parser.add_argument("--stop-at", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--models", help="comma-separated subset of " + ",".join(MODELS))
     parser.add_argument("--widths", help="comma-separated model widths")
     parser.add_argument("--seeds", help="comma-separated seeds")
@@ -458,7 +468,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         tier = _tier_from_dict(json.loads(args.tier_json))
         record = run_job(tier, args.worker[0], int(args.worker[1]), out_dir=args.out, device=device, progress=False,
-                         data_cache=args.out.parent / "data.pt", stop_at=args.stop_at)
+                         data_cache=args.out.parent / "data.pt", stop_at=args.stop_at, deadline=args.deadline)
         (args.out / "record.json").write_text(json.dumps(record))
         return
     command = "python -m loglin_edu.experiments.mqar " + " ".join(argv if argv is not None else sys.argv[1:])
