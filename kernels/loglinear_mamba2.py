@@ -52,12 +52,15 @@ class LogLinearMamba2(torch.autograd.Function):
         q, k, v, level_scales, log_decay, chunk_size, config = inputs
         _, gc, gend, nodes, residuals = output
         ctx.mark_non_differentiable(gc, gend, nodes, residuals)
+        ctx.set_materialize_grads(False)  # no zero-filled gradients for the tree (as large as the states)
         ctx.save_for_backward(q, k, v, level_scales, gc, gend, nodes, residuals)
         ctx.chunk_size, ctx.config = chunk_size, config
         ctx.decay_dtype = None if log_decay is None else log_decay.dtype
 
     @staticmethod
     def backward(ctx, do, *_):
+        if do is None:
+            return None, None, None, None, None, None, None
         q, k, v, level_scales, gc, gend, *tree = ctx.saved_tensors
         q, k, v, level_scales = _prepared(q, k, v, level_scales)
         dq, dk, dv, dlam, d_cum = loglinear_backward(
