@@ -40,11 +40,11 @@ chunk and read by ``popcount(c)`` chunks (mostly from L2: a node of level ``ℓ`
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
-
-from typing import NamedTuple
 
 from ._common import LaunchConfig, accumulator_dtype, block, dot_precision, head_block, split_leaf, state_dtype
 from .intra_chunk import fenwick_levels, level_column, level_matrix, load_level_scales
@@ -239,11 +239,12 @@ def build_tree(k, v, gc, gend, chunk_size: int, config: LaunchConfig = LaunchCon
     nodes = torch.empty(B, H, N, BK, BV, device=k.device, dtype=state_dtype(k.dtype, config.precision))
     residual = nodes.dtype in (torch.float16, torch.bfloat16)
     residuals = torch.empty_like(nodes) if residual else nodes.new_empty(0)
+    res_arg = residuals if residual else nodes  # a valid pointer the kernels never use without RESIDUAL
     upper = chunk_levels(T, chunk_size) > M
     roots = torch.empty(B, H, NB if upper else 1, BK, BV, device=k.device, dtype=accumulator_dtype(k.dtype))
     sqh = 0 if Hk == 1 else k.stride(2)
     fenwick_tree_kernel[(H, NB, B)](
-        k, v, gc, gend, nodes, residuals if residual else nodes, roots, T, N, NB if upper else 0, H, K, V,
+        k, v, gc, gend, nodes, res_arg, roots, T, N, NB if upper else 0, H, K, V,
         k.stride(0), k.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2),
         C=chunk_size, BK=BK, BV=BV, M=M, IP=dot_precision(k.dtype, config.precision), num_warps=config.tree_warps,
         SPLIT=split_leaf(k.dtype, config.precision), RESIDUAL=residual,
@@ -251,7 +252,7 @@ def build_tree(k, v, gc, gend, chunk_size: int, config: LaunchConfig = LaunchCon
     if upper:
         nb_full = N >> M
         fenwick_upper_kernel[(H, B)](
-            gend, nodes, residuals if residual else nodes, roots, N, NB, nb_full, H, max(nb_full.bit_length(), 1),
+            gend, nodes, res_arg, roots, N, NB, nb_full, H, max(nb_full.bit_length(), 1),
             BK=BK, BV=BV, M=M, RESIDUAL=residual, num_warps=config.tree_warps,
         )
     return FenwickTree(nodes, residuals)

@@ -33,8 +33,9 @@ class LogLinearMamba2(torch.autograd.Function):
     config)`` for ``K, V <= 128``.
 
     Only ``o`` is differentiable; ``gc, gend`` (the decay sums) and ``nodes, residuals`` (the Fenwick tree of
-    states, :class:`~loglin_edu.kernels.chunk_tree.FenwickTree`) are what the backward needs. Under :func:`torch.func.vmap` (the training ensemble) the mapped dimension is
-    folded into the batch — every sequence is independent — so the kernels run once for all members.
+    states, :class:`~loglin_edu.kernels.chunk_tree.FenwickTree`) are what the backward needs. Under
+    :func:`torch.func.vmap` (the training ensemble) the mapped dimension is folded into the batch — every
+    sequence is independent — so the kernels run once for all members.
     """
 
     generate_vmap_rule = False
@@ -84,7 +85,8 @@ class LogLinearMamba2(torch.autograd.Function):
 
         args = [fold(x, d) for x, d in zip((q, k, v, level_scales, log_decay), in_dims[:5])]
         outputs = LogLinearMamba2.apply(*args, chunk_size, config)
-        return tuple(x.unflatten(0, (M, -1)) if x.numel() else x for x in outputs), (0, 0, 0, 0, 0 if outputs[4].numel() else None)
+        residuals_dim = 0 if outputs[4].numel() else None  # empty when the nodes are fp32
+        return tuple(x.unflatten(0, (M, -1)) if x.numel() else x for x in outputs), (0, 0, 0, 0, residuals_dim)
 
 
 def _prepared(q, k, v, level_scales):

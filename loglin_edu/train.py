@@ -227,8 +227,9 @@ def train(
     name -> set, evaluated every ``eval_every`` steps; out_dir: where ``log.jsonl`` and ``checkpoint.pt``
     go (None: nowhere, no resuming); stop_at: stop after this step as if interrupted (the checkpoint
     then lets a later call finish the run); deadline: a ``time.time()`` after which the run stops at the end
-    of the step it is in, evaluates there and checkpoints (``complete`` False: a budget ran out). Returns ``dict(name, model, parameters, members, config,
-    history, final, seconds)``; ``history`` holds the evaluation lines.
+    of the step it is in, evaluates there and checkpoints (``complete`` False: a budget ran out). Returns
+    ``dict(name, model, parameters, members, config, history, final, seconds)``; ``history`` holds the
+    evaluation lines.
     """
     device = torch.device(device)
     if config.batch_size % len(train_sets):
