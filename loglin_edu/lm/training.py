@@ -1,0 +1,230 @@
+"""Training one language model on a token stream, on one process or data-parallel over several.
+
+One optimiser step, for a global batch of ``B`` windows of ``context + 1`` tokens (:func:`training_batch`),
+split over ``W`` ranks and ``A`` accumulation steps of ``b = B / (W · A)`` windows each:
+
+    loss_{r,a} = mean cross-entropy of micro-batch (r, a)            backward(loss_{r,a} / A) on rank r
+    ∇ = mean over ranks of Σ_a ∇loss_{r,a} / A   = ∇ (mean loss of the global batch)   (DDP averages)
+    clip ‖∇‖ <= grad_clip;   AdamW step with lr · schedule(step)   (warm-up + cosine, :func:`~loglin_edu.train.lr_factor`)
+
+so the run computes the same function of the data for any ``W`` and ``A``: ``torchrun --nproc_per_node N``
+trains the same model as one process, up to floating-point round-off. Weights are seeded by ``seed``, batches
+are pure functions of ``(seed, step)``; bf16 autocast on CUDA (``amp``), optional ``torch.compile``.
+
+Every ``eval_every`` steps (and at the end) the validation loss is measured and one JSON line is appended to
+``log.jsonl``; checkpoints (``checkpoint.pt``: weights, optimiser, step, and the tokenizer's fingerprint)
+are written atomically by rank 0 at every evaluation. A run started again resumes from its checkpoint — also
+on another number of ranks — and a ``deadline`` (wall clock) stops it cleanly after the step it is in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from ..data.token_stream import TokenStream, check_fits, training_batch
+from ..layers.model import ModelConfig, build_model, count_parameters
+from ..train import Member, lr_factor, make_optimizer, save_atomic
+from . import distributed
+from .evaluation import autocast, validation_loss
+
+
+@dataclass
+class LMTrainConfig:
+    """steps: optimiser steps; batch_size: windows per step over all ranks; micro_batch_size: windows per
+    forward pass on one rank (None: ``batch_size / world size``, no accumulation); context: tokens per window;
+    lr: peak learning rate; warmup_steps: linear warm-up before the cosine decay to 0; eval_every: steps between
+    evaluations and checkpoints; eval_windows: validation windows (fixed, spread over the stream); amp: bf16
+    autocast on CUDA; compile: ``torch.compile`` the model."""
+
+    steps: int = 1000
+    batch_size: int = 32
+    micro_batch_size: int | None = None
+    context: int = 512
+    lr: float = 1e-3
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    eval_windows: int = 32
+    eval_batch_size: int = 8
+    amp: bool = True
+    compile: bool = False
+
+    def accumulation(self, world_size: int) -> int:
+        """Micro-steps per optimiser step on each of ``world_size`` ranks."""
+        per_rank, rest = divmod(self.batch_size, world_size)
+        micro = self.micro_batch_size or per_rank
+        if rest or per_rank % micro:
+            raise ValueError(f"batch_size={self.batch_size} must split into world_size={world_size} ranks × "
+                             f"micro-batches of micro_batch_size={micro}")
+        return per_rank // micro
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["betas"] = list(d["betas"])
+        return d
+
+
+def check_tokenizer(saved: dict, fingerprint: str, vocab_size: int, path: Path) -> None:
+    """A checkpoint made with another tokenizer cannot continue: its ids mean other text."""
+    if saved["tokenizer"] != fingerprint:
+        raise ValueError(
+            f"{path} was trained with tokenizer {saved['tokenizer']} (vocabulary {saved['vocab_size']}), but this run's "
+            f"tokens come from tokenizer {fingerprint} (vocabulary {vocab_size}): train from the data folder it was "
+            f"made with (its tokenizer.json), or give this run another output folder to start a new model"
+        )
+
+
+def keep_log_until(log_path: Path, step: int) -> list[dict]:
+    """Drop log lines after ``step`` (work the checkpoint does not hold); returns the lines kept."""
+    if not log_path.exists():
+        return []
+    lines = [json.loads(line) for line in log_path.read_text().splitlines() if line]
+    kept = [line for line in lines if line["step"] <= step]
+    log_path.write_text("".join(json.dumps(line) + "\n" for line in kept))
+    return kept
+
+
+def train_lm(
+    model_config: ModelConfig,
+    config: LMTrainConfig,
+    train_stream: TokenStream,
+    validation_stream: TokenStream,
+    *,
+    seed: int = 0,
+    out_dir: str | Path | None = None,
+    name: str = "lm",
+    progress: bool = True,
+    deadline: float | None = None,
+    stop_at: int | None = None,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """Train one model (module docstring) on this process's share of every batch; returns the model (unwrapped,
+    on this rank's device) and its record ``dict(name, seed, model, parameters, config, history, final,
+    steps_done, complete, seconds, world_size)``.
+
+    out_dir: where ``log.jsonl`` and ``checkpoint.pt`` go (None: nowhere, no resuming); deadline: a
+    ``time.time()`` after which the run stops after its current step, evaluates and checkpoints; stop_at: stop
+    after this step as if interrupted. ``model_config.vocab_size`` must equal the streams' vocabulary.
+    """
+    world = distributed.current()
+    device = world.device
+    if model_config.vocab_size != train_stream.vocab_size or validation_stream.meta["tokenizer"] != train_stream.meta["tokenizer"]:
+        raise ValueError(f"the model's vocab_size={model_config.vocab_size} and both streams must share one tokenizer "
+                         f"(streams: vocabulary {train_stream.vocab_size}, {validation_stream.vocab_size})")
+    if model_config.max_len < config.context:
+        raise ValueError(f"context={config.context} is longer than the model's max_len={model_config.max_len}")
+    check_fits(train_stream, config.context + 1, "training stream")
+    check_fits(validation_stream, config.context + 1, "validation stream")
+    micro_steps = config.accumulation(world.size)
+    fingerprint, vocab = train_stream.meta["tokenizer"], train_stream.vocab_size
+
+    model = build_model(model_config, seed=seed).to(device)
+    optimizer = make_optimizer(SimpleNamespace(members=[model]), [Member(seed, config.lr)], config)
+    out = Path(out_dir) if out_dir is not None else None
+    log_path = out / "log.jsonl" if out else None
+    ckpt_path = out / "checkpoint.pt" if out else None
+    start, seconds, history = 0, 0.0, []
+    loss_sum, loss_steps = 0.0, 0
+    if ckpt_path is not None and ckpt_path.exists():
+        state = torch.load(ckpt_path, map_location=device, weights_only=False)
+        check_tokenizer(state, fingerprint, vocab, ckpt_path)
+        if state["model"] != model_config.to_dict() or state["config"] != config.to_dict() or state["seed"] != seed:
+            raise ValueError(f"{ckpt_path} belongs to another run (model, training settings or seed differ): "
+                             f"remove it, or give this run another output folder")
+        model.load_state_dict(state["model_state"])
+        optimizer.load_state_dict(state["optimizer"])
+        start, seconds = state["step"], state["seconds"]
+        loss_sum, loss_steps = state["loss_sum"], state["loss_steps"]
+        if world.is_main:
+            history = keep_log_until(log_path, start)
+        distributed.barrier()
+        if not world.is_main:
+            history = [json.loads(line) for line in log_path.read_text().splitlines() if line] if log_path.exists() else []
+    if out is not None and world.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) if world.parallel else None
+    runner: nn.Module = ddp if ddp is not None else model
+    if config.compile:
+        runner = torch.compile(runner)
+
+    def checkpoint(step: int) -> None:
+        if ckpt_path is not None and world.is_main:
+            save_atomic(dict(step=step, seconds=seconds, seed=seed, model=model_config.to_dict(), config=config.to_dict(),
+                             tokenizer=fingerprint, vocab_size=vocab, model_state=model.state_dict(),
+                             optimizer=optimizer.state_dict(), loss_sum=loss_sum, loss_steps=loss_steps), ckpt_path)
+        distributed.barrier()
+
+    end = config.steps if stop_at is None else min(config.steps, stop_at)
+    bar = tqdm(range(start, end), desc=name, disable=not (progress and world.is_main), file=sys.stderr, dynamic_ncols=True)
+    tick = time.perf_counter()
+    tokens_per_step = config.batch_size * config.context
+    model.train()
+    done = start
+    for step in bar:
+        factor = lr_factor(step, config.warmup_steps, config.steps)
+        for group in optimizer.param_groups:
+            group["lr"] = group["base_lr"] * factor
+        optimizer.zero_grad(set_to_none=True)
+        step_loss = torch.zeros((), device=device)
+        for micro in range(micro_steps):
+            inputs, targets = training_batch(train_stream, seed=seed, step=step, batch_size=config.batch_size,
+                                             context=config.context, rank=world.rank, world_size=world.size,
+                                             micro_step=micro, micro_steps=micro_steps)
+            inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+            last = micro == micro_steps - 1
+            with ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext():  # reduce once per step
+                with autocast(device, config.amp):
+                    logits = runner(inputs)
+                loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()) / micro_steps
+                loss.backward()
+            step_loss += loss.detach()
+        nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip, foreach=True)
+        optimizer.step()
+        loss_sum += distributed.all_sum(step_loss).item() / world.size
+        loss_steps += 1
+        done = step + 1
+        if progress and world.is_main:
+            bar.set_postfix(loss=f"{loss_sum / loss_steps:.3f}", refresh=False)
+        out_of_time = deadline is not None and distributed.any_rank(time.time() >= deadline, device) and done < end
+        if done == end and done < config.steps and not out_of_time:  # stop_at: checkpoint as if interrupted
+            seconds += time.perf_counter() - tick
+            checkpoint(done)
+            break
+        if done % config.eval_every == 0 or done == config.steps or out_of_time:
+            seconds += time.perf_counter() - tick
+            val = validation_loss(model, validation_stream, config.context, config.eval_windows, config.eval_batch_size,
+                                  amp=config.amp)
+            line = dict(run=name, seed=seed, step=done, tokens=done * tokens_per_step, lr=config.lr * factor,
+                        train_loss=loss_sum / loss_steps, val_loss=val["loss"], val_perplexity=val["perplexity"],
+                        seconds=round(seconds, 3), world_size=world.size)
+            history.append(line)
+            if log_path is not None and world.is_main:
+                with log_path.open("a") as f:
+                    f.write(json.dumps(line) + "\n")
+            loss_sum, loss_steps = 0.0, 0
+            checkpoint(done)
+            tick = time.perf_counter()
+            if out_of_time:
+                break
+    bar.close()
+    record = dict(name=name, seed=seed, model=model_config.to_dict(), parameters=count_parameters(model),
+                  config=config.to_dict(), tokenizer=fingerprint, history=history,
+                  final=history[-1] if history else None, steps_done=done, complete=done >= config.steps,
+                  seconds=round(seconds, 3), world_size=world.size)
+    return model, record
+
