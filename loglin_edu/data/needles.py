@@ -1,6 +1,6 @@
 """Needle-in-a-haystack prompts built from the corpus (RULER's S-NIAH and MK-NIAH, in shape).
 
-A prompt of ``length`` tokens is held-out text (the haystack) with ``num_keys`` needles
+A prompt — ``length`` tokens with its longest answer candidate — is held-out text (the haystack) with ``num_keys`` needles
 
     " The special magic number for <city> is <7-digit number>."
 
@@ -37,7 +37,8 @@ SENTENCE_ENDS = (".", "!", "?", ";", ":", "\n")
 @dataclass(frozen=True)
 class NeedlePrompt:
     """One prompt: ``tokens`` (haystack, needles, question; the answer follows), the ``candidates`` (token
-    lists; ``candidates[0]`` is the right answer) and where the asked needle starts (``needle_position``)."""
+    lists; ``candidates[0]`` is the right answer), where the asked needle starts (``needle_position``), and the
+    ``length`` it was made for (prompt and longest candidate)."""
 
     tokens: list[int]
     candidates: list[list[int]]
@@ -61,8 +62,10 @@ def question(city: str) -> str:
 
 def sentence_end_after(tokens: list[int], position: int, tokenizer, reach: int = 64) -> int:
     """The first index ``i >= position`` (at most ``position + reach``) right after a token that ends a sentence
-    or line; ``position`` itself if there is none."""
-    for i in range(max(position, 1), min(len(tokens), position + reach) + 1):
+    or line; ``position`` itself if there is none (or if it is 0, the start)."""
+    if position == 0:
+        return 0
+    for i in range(position, min(len(tokens), position + reach) + 1):
         if tokenizer.decode([tokens[i - 1]]).endswith(SENTENCE_ENDS):
             return i
     return position
@@ -82,7 +85,8 @@ def haystack(stream: TokenStream, size: int, rng: random.Random) -> list[int]:
 
 def needle_prompt(tokenizer, stream: TokenStream, *, length: int, depth: float, num_keys: int = 1, choices: int = 10,
                   seed: int = 0) -> NeedlePrompt:
-    """A prompt of exactly ``length`` tokens (module docstring), a pure function of its arguments."""
+    """A prompt of ``length - max(len(c) for c in candidates)`` tokens (module docstring): with any candidate
+    answer it fits a model of ``max_len = length``. A pure function of its arguments."""
     if not 0 <= depth <= 1:
         raise ValueError(f"depth must be in [0, 1], got {depth}")
     if not 1 <= num_keys <= len(CITIES) or choices < num_keys:
@@ -93,7 +97,7 @@ def needle_prompt(tokenizer, stream: TokenStream, *, length: int, depth: float, 
     needles = [tokenizer.encode(needle_sentence(c, n)) for c, n in zip(cities, numbers)]
     ask = tokenizer.encode(question(cities[0]))
     candidates = [tokenizer.encode(f" {n}") for n in numbers]
-    size = length - len(ask) - sum(len(n) for n in needles)
+    size = length - len(ask) - sum(len(n) for n in needles) - max(len(c) for c in candidates)
     if size < 1:
         raise ValueError(f"length={length} leaves no room for a haystack around {num_keys} needle(s) and the question")
     hay = haystack(stream, size, rng)
