@@ -126,3 +126,13 @@ def test_level_weights_average_over_nonempty_buckets():
     weights = torch.tensor(level_weights(model, torch.randint(256, (2, 16))))
     assert weights.shape[0] == 2 and weights[..., :5].isfinite().all() and (weights[..., :5] > 0).all()
     assert level_weights(tiny("mamba2"), torch.randint(256, (1, 8))) == []
+
+
+def test_the_exercise_loss_by_position_is_the_package_measurement(stream):
+    from loglin_edu.exercises.ch13_language_modelling import loss_by_position
+    from loglin_edu.lm.evaluation import token_losses
+
+    model = tiny()
+    tokens = stream.windows(evaluation_starts(stream, 13, 3), 13)
+    with torch.no_grad():
+        torch.testing.assert_close(loss_by_position(model(tokens[:, :-1]), tokens), token_losses(model, tokens).mean(0))

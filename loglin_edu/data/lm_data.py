@@ -77,7 +77,8 @@ def prepare_text(spec: TextSpec, folder: str | Path, *, documents: list[Document
         if saved != asdict(spec):
             raise ValueError(f"{folder} was prepared for another spec ({saved}, not {asdict(spec)}): "
                              f"use another folder, or delete this one to prepare it again")
-    write_text_atomic(spec_path, json.dumps(asdict(spec), indent=1))
+    else:
+        write_text_atomic(spec_path, json.dumps(asdict(spec), indent=1))
     ready = tok_path.exists() and all((folder / f"{n}.{s}").exists() for n in ("train", "validation") for s in ("bin", "json"))
     if ready and documents is None:
         tokenizer = load_tokenizer(tok_path)

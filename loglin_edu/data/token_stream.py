@@ -78,7 +78,7 @@ def build_stream(documents: Sequence[Document], tokenizer: Tokenizer, path: str 
         raise ValueError(f"a tokenizer of {tokenizer.vocab_size} tokens does not fit uint16 ids (at most 65536)")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    bin_path, tmp = path.with_suffix(".bin"), path.with_suffix(".bin.tmp")
+    bin_path, tmp = path.with_suffix(".bin"), path.with_suffix(f".bin.{os.getpid()}.tmp")
     starts, total = [], 0
     with tmp.open("wb") as f:
         for i in range(0, len(documents), batch):
@@ -137,19 +137,28 @@ def batch_starts(seed: int, step: int, batch_size: int, num_starts: int) -> torc
     return torch.randint(num_starts, (batch_size,), generator=gen)
 
 
+def micro_batch_rows(batch_size: int, world_size: int, micro_steps: int, rank: int, micro_step: int) -> range:
+    """Rows of the global batch that rank ``rank`` takes at accumulation step ``micro_step`` (module docstring):
+    a block of ``B / (W · A)`` rows inside the rank's block of ``B / W``."""
+    if batch_size % (world_size * micro_steps):
+        raise ValueError(f"batch_size={batch_size} must split evenly over world_size={world_size} ranks × "
+                         f"micro_steps={micro_steps} accumulation steps")
+    if not (0 <= rank < world_size and 0 <= micro_step < micro_steps):
+        raise ValueError(f"need 0 <= rank < {world_size} and 0 <= micro_step < {micro_steps}, got {rank}, {micro_step}")
+    share = batch_size // (world_size * micro_steps)
+    first = rank * (batch_size // world_size) + micro_step * share
+    return range(first, first + share)
+
+
 def training_batch(stream: TokenStream, *, seed: int, step: int, batch_size: int, context: int, rank: int = 0,
                    world_size: int = 1, micro_step: int = 0, micro_steps: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank ``rank``'s micro-batch ``micro_step`` of the global batch of ``step`` (module docstring).
 
     Returns inputs, targets: int64 ``[batch_size / (world_size · micro_steps), context]``.
     """
-    if batch_size % (world_size * micro_steps):
-        raise ValueError(f"batch_size={batch_size} must split evenly over world_size={world_size} ranks × "
-                         f"micro_steps={micro_steps} accumulation steps")
+    rows = micro_batch_rows(batch_size, world_size, micro_steps, rank, micro_step)
     check_fits(stream, context + 1, "training stream")
-    share = batch_size // (world_size * micro_steps)
-    first = rank * (batch_size // world_size) + micro_step * share
-    starts = batch_starts(seed, step, batch_size, len(stream) - context)[first: first + share]
+    starts = batch_starts(seed, step, batch_size, len(stream) - context)[rows.start: rows.stop]
     tokens = stream.windows(starts, context + 1)
     return tokens[:, :-1], tokens[:, 1:]
 

@@ -131,6 +131,6 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 def write_text_atomic(path: Path, text: str) -> None:
     """Write to a temporary file, then rename: a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)

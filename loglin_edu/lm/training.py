@@ -138,7 +138,7 @@ def train_lm(
     log_path = out / "log.jsonl" if out else None
     ckpt_path = out / "checkpoint.pt" if out else None
     start, seconds, history = 0, 0.0, []
-    loss_sum, loss_steps = 0.0, 0
+    loss_sum, loss_steps = torch.zeros((), device=device), 0  # training loss since the last evaluation
     if ckpt_path is not None and ckpt_path.exists():
         state = torch.load(ckpt_path, map_location=device, weights_only=False)
         check_tokenizer(state, fingerprint, vocab, ckpt_path)
@@ -148,7 +148,8 @@ def train_lm(
         model.load_state_dict(state["model_state"])
         optimizer.load_state_dict(state["optimizer"])
         start, seconds = state["step"], state["seconds"]
-        loss_sum, loss_steps = state["loss_sum"], state["loss_steps"]
+        # the checkpoint holds the global sum S; every rank starting from S gives (W·S + Σ_r new_r) / W = S + new
+        loss_sum, loss_steps = torch.tensor(state["loss_sum"], device=device), state["loss_steps"]
         if world.is_main:
             history = keep_log_until(log_path, start)
         distributed.barrier()
@@ -162,11 +163,15 @@ def train_lm(
     if config.compile:
         runner = torch.compile(runner)
 
+    def global_loss_sum() -> float:
+        return distributed.all_sum(loss_sum.clone()).item() / world.size
+
     def checkpoint(step: int) -> None:
+        total = global_loss_sum()
         if ckpt_path is not None and world.is_main:
             save_atomic(dict(step=step, seconds=seconds, seed=seed, model=model_config.to_dict(), config=config.to_dict(),
                              tokenizer=fingerprint, vocab_size=vocab, model_state=model.state_dict(),
-                             optimizer=optimizer.state_dict(), loss_sum=loss_sum, loss_steps=loss_steps), ckpt_path)
+                             optimizer=optimizer.state_dict(), loss_sum=total, loss_steps=loss_steps), ckpt_path)
         distributed.barrier()
 
     end = config.steps if stop_at is None else min(config.steps, stop_at)
@@ -177,29 +182,13 @@ def train_lm(
     done = start
     for step in bar:
         factor = lr_factor(step, config.warmup_steps, config.steps)
-        for group in optimizer.param_groups:
-            group["lr"] = group["base_lr"] * factor
-        optimizer.zero_grad(set_to_none=True)
-        step_loss = torch.zeros((), device=device)
-        for micro in range(micro_steps):
-            inputs, targets = training_batch(train_stream, seed=seed, step=step, batch_size=config.batch_size,
-                                             context=config.context, rank=world.rank, world_size=world.size,
-                                             micro_step=micro, micro_steps=micro_steps)
-            inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-            last = micro == micro_steps - 1
-            with ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext():  # reduce once per step
-                with autocast(device, config.amp):
-                    logits = runner(inputs)
-                loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()) / micro_steps
-                loss.backward()
-            step_loss += loss.detach()
-        nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip, foreach=True)
-        optimizer.step()
-        loss_sum += distributed.all_sum(step_loss).item() / world.size
+        step_loss = optimizer_step(runner, ddp, model, optimizer, train_stream, config, seed=seed, step=step,
+                                   world=world, micro_steps=micro_steps, lr_scale=factor)
+        loss_sum += step_loss  # this rank's; averaged over the ranks at the next evaluation
         loss_steps += 1
         done = step + 1
-        if progress and world.is_main:
-            bar.set_postfix(loss=f"{loss_sum / loss_steps:.3f}", refresh=False)
+        if progress and world.is_main and done % 10 == 0:
+            bar.set_postfix(loss=f"{loss_sum.item() / loss_steps:.3f}", refresh=False)
         out_of_time = deadline is not None and distributed.any_rank(time.time() >= deadline, device) and done < end
         if done == end and done < config.steps and not out_of_time:  # stop_at: checkpoint as if interrupted
             seconds += time.perf_counter() - tick
@@ -210,13 +199,13 @@ def train_lm(
             val = validation_loss(model, validation_stream, config.context, config.eval_windows, config.eval_batch_size,
                                   amp=config.amp)
             line = dict(run=name, seed=seed, step=done, tokens=done * tokens_per_step, lr=config.lr * factor,
-                        train_loss=loss_sum / loss_steps, val_loss=val["loss"], val_perplexity=val["perplexity"],
+                        train_loss=global_loss_sum() / loss_steps, val_loss=val["loss"], val_perplexity=val["perplexity"],
                         seconds=round(seconds, 3), world_size=world.size)
             history.append(line)
             if log_path is not None and world.is_main:
                 with log_path.open("a") as f:
                     f.write(json.dumps(line) + "\n")
-            loss_sum, loss_steps = 0.0, 0
+            loss_sum, loss_steps = torch.zeros((), device=device), 0
             checkpoint(done)
             tick = time.perf_counter()
             if out_of_time:
@@ -228,3 +217,65 @@ def train_lm(
                   seconds=round(seconds, 3), world_size=world.size)
     return model, record
 
+
+def optimizer_step(runner: nn.Module, ddp: DistributedDataParallel | None, model: nn.Module, optimizer: torch.optim.Optimizer,
+                   stream: TokenStream, config: LMTrainConfig, *, seed: int, step: int, world: distributed.World,
+                   micro_steps: int, lr_scale: float) -> torch.Tensor:
+    """One optimiser step on this rank's share of the global batch of ``step`` (module docstring); returns this
+    rank's mean loss (detached). runner: what runs the forward pass (the model, its DDP wrapper, or either
+    compiled); ddp: the DDP wrapper or None; lr_scale: the schedule's factor."""
+    for group in optimizer.param_groups:
+        group["lr"] = group["base_lr"] * lr_scale
+    optimizer.zero_grad(set_to_none=True)
+    step_loss = torch.zeros((), device=world.device)
+    for micro in range(micro_steps):
+        inputs, targets = training_batch(stream, seed=seed, step=step, batch_size=config.batch_size,
+                                         context=config.context, rank=world.rank, world_size=world.size,
+                                         micro_step=micro, micro_steps=micro_steps)
+        inputs, targets = inputs.to(world.device, non_blocking=True), targets.to(world.device, non_blocking=True)
+        last = micro == micro_steps - 1
+        with ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext():  # reduce once per step
+            with autocast(world.device, config.amp):
+                logits = runner(inputs)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()) / micro_steps
+            loss.backward()
+        step_loss += loss.detach()
+    nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip, foreach=True)
+    optimizer.step()
+    return step_loss
+
+
+def measure_throughput(model_config: ModelConfig, config: LMTrainConfig, stream: TokenStream, *, steps: int = 20,
+                       warmup: int = 5, parallel: bool = True, seed: int = 0) -> dict[str, Any]:
+    """Training tokens per second of ``model_config`` (optimiser steps of ``config``, timed after ``warmup``
+    steps). parallel: DDP over every rank of the process group (``config.batch_size`` is then the global
+    batch); False: this process alone, as a world of one. Returns ``dict(tokens_per_second,
+    seconds_per_step, world_size, batch_size, context)``."""
+    group = distributed.current()
+    world = group if parallel else distributed.World(0, 1, group.device)
+    micro_steps = config.accumulation(world.size)
+    model = build_model(model_config, seed=seed).to(world.device)
+    optimizer = make_optimizer(SimpleNamespace(members=[model]), [Member(seed, config.lr)], config)
+    ddp = None
+    if world.parallel:
+        ddp = DistributedDataParallel(model, device_ids=[world.device.index] if world.device.type == "cuda" else None)
+    runner = ddp if ddp is not None else model
+    if config.compile:
+        runner = torch.compile(runner)
+
+    def sync() -> None:
+        if world.device.type == "cuda":
+            torch.cuda.synchronize(world.device)
+
+    for step in range(warmup + steps):
+        if step == warmup:
+            sync()
+            if world.parallel:
+                distributed.barrier()
+            tick = time.perf_counter()
+        optimizer_step(runner, ddp, model, optimizer, stream, config, seed=seed, step=step, world=world,
+                       micro_steps=micro_steps, lr_scale=1.0)
+    sync()
+    elapsed = time.perf_counter() - tick
+    return dict(tokens_per_second=steps * config.batch_size * config.context / elapsed, seconds_per_step=elapsed / steps,
+                world_size=world.size, batch_size=config.batch_size, context=config.context)
