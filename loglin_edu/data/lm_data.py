@@ -79,7 +79,8 @@ def prepare_text(spec: TextSpec, folder: str | Path, *, documents: list[Document
                              f"use another folder, or delete this one to prepare it again")
     else:
         write_text_atomic(spec_path, json.dumps(asdict(spec), indent=1))
-    ready = tok_path.exists() and all((folder / f"{n}.{s}").exists() for n in ("train", "validation") for s in ("bin", "json"))
+    files = [folder / f"{part}.{suffix}" for part in ("train", "validation") for suffix in ("bin", "json")]
+    ready = tok_path.exists() and all(f.exists() for f in files)
     if ready and documents is None:
         tokenizer = load_tokenizer(tok_path)
         return TextData(spec, tokenizer, open_stream(folder / "train", tokenizer),
@@ -89,7 +90,10 @@ def prepare_text(spec: TextSpec, folder: str | Path, *, documents: list[Document
     if tok_path.exists():
         tokenizer = load_tokenizer(tok_path)
     else:
-        tokenizer = ByteTokenizer() if spec.tokenizer == "bytes" else train_bpe([d.text for d in split.train], spec.vocab_size)
+        if spec.tokenizer == "bytes":
+            tokenizer = ByteTokenizer()
+        else:
+            tokenizer = train_bpe([d.text for d in split.train], spec.vocab_size)
         tokenizer.save(tok_path)
     streams = {}
     for name, part in (("train", split.train), ("validation", split.validation)):

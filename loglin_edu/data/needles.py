@@ -1,6 +1,7 @@
 """Needle-in-a-haystack prompts built from the corpus (RULER's S-NIAH and MK-NIAH, in shape).
 
-A prompt — ``length`` tokens with its longest answer candidate — is held-out text (the haystack) with ``num_keys`` needles
+A prompt — ``length`` tokens with its longest answer candidate — is held-out text (the haystack) with
+``num_keys`` needles
 
     " The special magic number for <city> is <7-digit number>."
 

@@ -71,7 +71,8 @@ def corpus_fingerprint(documents: Sequence[Document]) -> str:
     return h.hexdigest()[:16]
 
 
-def build_stream(documents: Sequence[Document], tokenizer: Tokenizer, path: str | Path, *, batch: int = 64) -> TokenStream:
+def build_stream(documents: Sequence[Document], tokenizer: Tokenizer, path: str | Path, *,
+                 batch: int = 64) -> TokenStream:
     """Encode ``documents`` (module docstring) into ``path.bin`` and ``path.json``, both written atomically;
     returns the stream opened from disk. path: the name without suffix, e.g. ``data/train``."""
     if tokenizer.vocab_size > np.iinfo(DTYPE).max + 1:

@@ -260,7 +260,8 @@ def compare_pair(runs: list[dict[str, Any]], model: str, baseline: str) -> dict[
     standard error ``sqrt(s_a²/n_a + s_b²/n_b)``; ``separated`` when the difference exceeds two standard
     errors. Also the mean needle accuracy (choice score, both tasks) of each."""
     def losses(m):
-        return torch.tensor([r["evaluation"]["validation"]["loss"] for r in runs if r["model_name"] == m], dtype=torch.float64)
+        values = [r["evaluation"]["validation"]["loss"] for r in runs if r["model_name"] == m]
+        return torch.tensor(values, dtype=torch.float64)
 
     def needles(m):
         cells = [x for r in runs if r["model_name"] == m for task in ("needle_single", "needle_multikey")
@@ -349,7 +350,8 @@ def throughput(name: str, tier: LMTier, out: Path, *, models: tuple[str, ...], s
                              tokens_per_second_1=single["tokens_per_second"],
                              tokens_per_second_n=multi["tokens_per_second"], gpus=world.size,
                              efficiency=multi["tokens_per_second"] / (world.size * single["tokens_per_second"]),
-                             seconds_per_step_1=single["seconds_per_step"], seconds_per_step_n=multi["seconds_per_step"]))
+                             seconds_per_step_1=single["seconds_per_step"],
+                             seconds_per_step_n=multi["seconds_per_step"]))
             print(f"{LABELS[model]:<28} 1 GPU {single['tokens_per_second']:>10,.0f} tok/s   {world.size} GPUs "
                   f"{multi['tokens_per_second']:>10,.0f} tok/s   efficiency {rows[-1]['efficiency']:.2f}", flush=True)
     if not world.is_main:
@@ -419,8 +421,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--results", type=Path, help="also write lm_<tier>.json (or lm_ddp_scaling.json) here")
     parser.add_argument("--models", help="comma-separated subset of " + ",".join(MODELS))
     parser.add_argument("--seeds", help="comma-separated seeds (the tier's by default)")
-    parser.add_argument("--max-minutes", type=float, help="stop training in time to measure and checkpoint; call again to resume")
-    parser.add_argument("--prepare", action="store_true", help="only prepare the data folder (corpus, tokenizer, streams)")
+    parser.add_argument("--max-minutes", type=float,
+                        help="stop training in time to measure and checkpoint; call again to resume")
+    parser.add_argument("--prepare", action="store_true",
+                        help="only prepare the data folder (corpus, tokenizer, streams)")
     parser.add_argument("--merge", action="store_true", help="only merge the run folders into lm_<tier>.json")
     parser.add_argument("--throughput", action="store_true", help="measure tokens/s on 1 GPU and on the torchrun group")
     parser.add_argument("--throughput-steps", type=int, default=20)
@@ -429,7 +433,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, help="global batch of windows per step")
     parser.add_argument("--micro-batch-size", type=int, help="windows per forward pass on one GPU (accumulation)")
     parser.add_argument("--lr", type=float)
-    parser.add_argument("--corpus", help="corpus sources, e.g. kjv+shakespeare+austen or files:PATH (default: the tier's)")
+    parser.add_argument("--corpus",
+                        help="corpus sources, e.g. kjv+shakespeare+austen or files:PATH (default: the tier's)")
     parser.add_argument("--backend", choices=["auto", "torch"], help="'auto': fused/Triton kernels on CUDA (default)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the models")
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
@@ -452,7 +457,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(json.dumps(data.describe(), indent=1))
         elif args.merge:
             if world.is_main:
-                result = merge(args.tier, tier, args.out, results=args.results, command=command, device=str(world.device))
+                result = merge(args.tier, tier, args.out, results=args.results, command=command,
+                               device=str(world.device))
                 print_summary(result)
         elif args.throughput:
             throughput(args.tier, tier, args.out, models=tier.models, steps=args.throughput_steps, warmup=5,
@@ -463,12 +469,14 @@ def main(argv: list[str] | None = None) -> None:
             deadline = None if args.max_minutes is None else time.time() + 60 * args.max_minutes
             prepare(tier, args.out)
             run_workers(argv, tier, args.jobs, deadline)
-            print_summary(merge(args.tier, tier, args.out, results=args.results, command=command, device=str(world.device)))
+            print_summary(merge(args.tier, tier, args.out, results=args.results, command=command,
+                                device=str(world.device)))
         else:
             deadline = args.deadline
             if deadline is None and args.max_minutes is not None:
                 deadline = time.time() + 60 * args.max_minutes
-            remaining = run_all(tier, prepare(tier, args.out), args.out, deadline=deadline, progress=not args.no_progress)
+            remaining = run_all(tier, prepare(tier, args.out), args.out, deadline=deadline,
+                                progress=not args.no_progress)
             if world.is_main:
                 print("runs remain: call again with the same arguments to resume" if remaining else "every run is done")
                 if not args.no_merge:
@@ -482,7 +490,8 @@ def print_summary(result: dict[str, Any]) -> None:
     """Validation perplexity per model (mean ± std over seeds) and the pair comparisons."""
     for m, row in result["summary"]["models"].items():
         spread = f" ± {row['loss_std']:.3f}" if row["loss_std"] is not None else ""
-        print(f"{row['label']:<28} seeds {len(row['seeds'])}  loss {row['loss']:.3f}{spread}  ppl {row['perplexity']:.1f}")
+        print(f"{row['label']:<28} seeds {len(row['seeds'])}  loss {row['loss']:.3f}{spread}  "
+              f"ppl {row['perplexity']:.1f}")
     for pair in result["summary"]["pairs"]:
         if "difference" in pair:
             se = f" (se {pair['standard_error']:.3f})" if "standard_error" in pair else ""

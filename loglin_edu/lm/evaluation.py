@@ -86,7 +86,8 @@ def smooth_by_log_position(losses: torch.Tensor, bins_per_octave: int = 4) -> tu
     """Per-position losses averaged over bins of geometrically growing width (for a log-x plot): returns the
     bins' mean positions and mean losses."""
     T = len(losses)
-    edges = sorted({0, T} | {min(T, round(2 ** (k / bins_per_octave))) for k in range(int(bins_per_octave * math.log2(T)) + 2)})
+    steps = range(int(bins_per_octave * math.log2(T)) + 2)
+    edges = sorted({0, T} | {min(T, round(2 ** (k / bins_per_octave))) for k in steps})
     centers, means = [], []
     for lo, hi in zip(edges[:-1], edges[1:]):
         if hi > lo:
@@ -130,8 +131,8 @@ def needle_scores(model: nn.Module, tokenizer, stream: TokenStream, *, lengths: 
     for i, length in enumerate(lengths):
         for j, depth in enumerate(depths):
             for s in range(samples):
-                prompt = needle_prompt(tokenizer, stream, length=length, depth=depth, num_keys=num_keys, choices=choices,
-                                       seed=seed * 1_000_003 + i * 10_007 + j * 101 + s)
+                prompt = needle_prompt(tokenizer, stream, length=length, depth=depth, num_keys=num_keys,
+                                       choices=choices, seed=seed * 1_000_003 + i * 10_007 + j * 101 + s)
                 result = score_prompt(model, prompt, amp)
                 greedy[i][j] += result["greedy"] / samples
                 choice[i][j] += result["choice"] / samples
@@ -141,7 +142,8 @@ def needle_scores(model: nn.Module, tokenizer, stream: TokenStream, *, lengths: 
 
 
 def nonempty_levels(seq_len: int, levels: int) -> torch.Tensor:
-    """``[T, L]`` bool: whether bucket ``ℓ`` of query ``t`` holds any key (ℓ = 0 always; ℓ ≥ 1 iff bit ℓ−1 of t)."""
+    """``[T, L]`` bool: whether bucket ``ℓ`` of query ``t`` holds any key (ℓ = 0 always; ℓ ≥ 1 iff bit ℓ−1
+    of t is set)."""
     t = torch.arange(seq_len)[:, None]
     lvl = torch.arange(levels)[None, :]
     return (lvl == 0) | ((t >> (lvl - 1).clamp(min=0)) & 1).bool() & (lvl >= 1)

@@ -5,7 +5,7 @@ split over ``W`` ranks and ``A`` accumulation steps of ``b = B / (W · A)`` wind
 
     loss_{r,a} = mean cross-entropy of micro-batch (r, a)            backward(loss_{r,a} / A) on rank r
     ∇ = mean over ranks of Σ_a ∇loss_{r,a} / A   = ∇ (mean loss of the global batch)   (DDP averages)
-    clip ‖∇‖ <= grad_clip;   AdamW step with lr · schedule(step)   (warm-up + cosine, :func:`~loglin_edu.train.lr_factor`)
+    clip ‖∇‖ <= grad_clip;   AdamW step with lr · schedule(step)     (:func:`~loglin_edu.train.lr_factor`)
 
 so the run computes the same function of the data for any ``W`` and ``A``: ``torchrun --nproc_per_node N``
 trains the same model as one process, up to floating-point round-off. Weights are seeded by ``seed``, batches
@@ -83,9 +83,9 @@ def check_tokenizer(saved: dict, fingerprint: str, vocab_size: int, path: Path) 
     """A checkpoint made with another tokenizer cannot continue: its ids mean other text."""
     if saved["tokenizer"] != fingerprint:
         raise ValueError(
-            f"{path} was trained with tokenizer {saved['tokenizer']} (vocabulary {saved['vocab_size']}), but this run's "
-            f"tokens come from tokenizer {fingerprint} (vocabulary {vocab_size}): train from the data folder it was "
-            f"made with (its tokenizer.json), or give this run another output folder to start a new model"
+            f"{path} was trained with tokenizer {saved['tokenizer']} (vocabulary {saved['vocab_size']}), but this "
+            f"run's tokens come from tokenizer {fingerprint} (vocabulary {vocab_size}): train from the data folder "
+            f"it was made with (its tokenizer.json), or give this run another output folder to start a new model"
         )
 
 
@@ -122,15 +122,15 @@ def train_lm(
     """
     world = distributed.current()
     device = world.device
-    if model_config.vocab_size != train_stream.vocab_size or validation_stream.meta["tokenizer"] != train_stream.meta["tokenizer"]:
-        raise ValueError(f"the model's vocab_size={model_config.vocab_size} and both streams must share one tokenizer "
-                         f"(streams: vocabulary {train_stream.vocab_size}, {validation_stream.vocab_size})")
+    fingerprint, vocab = train_stream.meta["tokenizer"], train_stream.vocab_size
+    if model_config.vocab_size != vocab or validation_stream.meta["tokenizer"] != fingerprint:
+        raise ValueError(f"the model's vocab_size={model_config.vocab_size} and both streams must share one "
+                         f"tokenizer (streams: vocabulary {vocab}, {validation_stream.vocab_size})")
     if model_config.max_len < config.context:
         raise ValueError(f"context={config.context} is longer than the model's max_len={model_config.max_len}")
     check_fits(train_stream, config.context + 1, "training stream")
     check_fits(validation_stream, config.context + 1, "validation stream")
     micro_steps = config.accumulation(world.size)
-    fingerprint, vocab = train_stream.meta["tokenizer"], train_stream.vocab_size
 
     model = build_model(model_config, seed=seed).to(device)
     optimizer = make_optimizer(SimpleNamespace(members=[model]), [Member(seed, config.lr)], config)
@@ -153,15 +153,12 @@ def train_lm(
         if world.is_main:
             history = keep_log_until(log_path, start)
         distributed.barrier()
-        if not world.is_main:
-            history = [json.loads(line) for line in log_path.read_text().splitlines() if line] if log_path.exists() else []
+        if not world.is_main and log_path.exists():
+            history = [json.loads(line) for line in log_path.read_text().splitlines() if line]
     if out is not None and world.is_main:
         out.mkdir(parents=True, exist_ok=True)
 
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) if world.parallel else None
-    runner: nn.Module = ddp if ddp is not None else model
-    if config.compile:
-        runner = torch.compile(runner)
+    runner, ddp = wrap(model, world, config.compile)
 
     def global_loss_sum() -> float:
         return distributed.all_sum(loss_sum.clone()).item() / world.size
@@ -169,13 +166,15 @@ def train_lm(
     def checkpoint(step: int) -> None:
         total = global_loss_sum()
         if ckpt_path is not None and world.is_main:
-            save_atomic(dict(step=step, seconds=seconds, seed=seed, model=model_config.to_dict(), config=config.to_dict(),
-                             tokenizer=fingerprint, vocab_size=vocab, model_state=model.state_dict(),
-                             optimizer=optimizer.state_dict(), loss_sum=total, loss_steps=loss_steps), ckpt_path)
+            save_atomic(dict(step=step, seconds=seconds, seed=seed, model=model_config.to_dict(),
+                             config=config.to_dict(), tokenizer=fingerprint, vocab_size=vocab,
+                             model_state=model.state_dict(), optimizer=optimizer.state_dict(), loss_sum=total,
+                             loss_steps=loss_steps), ckpt_path)
         distributed.barrier()
 
     end = config.steps if stop_at is None else min(config.steps, stop_at)
-    bar = tqdm(range(start, end), desc=name, disable=not (progress and world.is_main), file=sys.stderr, dynamic_ncols=True)
+    bar = tqdm(range(start, end), desc=name, disable=not (progress and world.is_main), file=sys.stderr,
+               dynamic_ncols=True)
     tick = time.perf_counter()
     tokens_per_step = config.batch_size * config.context
     model.train()
@@ -196,11 +195,11 @@ def train_lm(
             break
         if done % config.eval_every == 0 or done == config.steps or out_of_time:
             seconds += time.perf_counter() - tick
-            val = validation_loss(model, validation_stream, config.context, config.eval_windows, config.eval_batch_size,
-                                  amp=config.amp)
+            val = validation_loss(model, validation_stream, config.context, config.eval_windows,
+                                  config.eval_batch_size, amp=config.amp)
             line = dict(run=name, seed=seed, step=done, tokens=done * tokens_per_step, lr=config.lr * factor,
-                        train_loss=global_loss_sum() / loss_steps, val_loss=val["loss"], val_perplexity=val["perplexity"],
-                        seconds=round(seconds, 3), world_size=world.size)
+                        train_loss=global_loss_sum() / loss_steps, val_loss=val["loss"],
+                        val_perplexity=val["perplexity"], seconds=round(seconds, 3), world_size=world.size)
             history.append(line)
             if log_path is not None and world.is_main:
                 with log_path.open("a") as f:
@@ -218,9 +217,21 @@ def train_lm(
     return model, record
 
 
-def optimizer_step(runner: nn.Module, ddp: DistributedDataParallel | None, model: nn.Module, optimizer: torch.optim.Optimizer,
-                   stream: TokenStream, config: LMTrainConfig, *, seed: int, step: int, world: distributed.World,
-                   micro_steps: int, lr_scale: float) -> torch.Tensor:
+def wrap(model: nn.Module, world: distributed.World,
+         compile_model: bool) -> tuple[nn.Module, DistributedDataParallel | None]:
+    """What runs the forward pass — the model, or its DDP wrapper when there are several ranks, compiled when
+    asked — and the DDP wrapper (None on one rank)."""
+    ddp = None
+    if world.parallel:
+        device_ids = [world.device.index] if world.device.type == "cuda" else None
+        ddp = DistributedDataParallel(model, device_ids=device_ids)
+    runner = ddp if ddp is not None else model
+    return (torch.compile(runner) if compile_model else runner), ddp
+
+
+def optimizer_step(runner: nn.Module, ddp: DistributedDataParallel | None, model: nn.Module,
+                   optimizer: torch.optim.Optimizer, stream: TokenStream, config: LMTrainConfig, *, seed: int,
+                   step: int, world: distributed.World, micro_steps: int, lr_scale: float) -> torch.Tensor:
     """One optimiser step on this rank's share of the global batch of ``step`` (module docstring); returns this
     rank's mean loss (detached). runner: what runs the forward pass (the model, its DDP wrapper, or either
     compiled); ddp: the DDP wrapper or None; lr_scale: the schedule's factor."""
@@ -256,12 +267,7 @@ def measure_throughput(model_config: ModelConfig, config: LMTrainConfig, stream:
     micro_steps = config.accumulation(world.size)
     model = build_model(model_config, seed=seed).to(world.device)
     optimizer = make_optimizer(SimpleNamespace(members=[model]), [Member(seed, config.lr)], config)
-    ddp = None
-    if world.parallel:
-        ddp = DistributedDataParallel(model, device_ids=[world.device.index] if world.device.type == "cuda" else None)
-    runner = ddp if ddp is not None else model
-    if config.compile:
-        runner = torch.compile(runner)
+    runner, ddp = wrap(model, world, config.compile)
 
     def sync() -> None:
         if world.device.type == "cuda":
@@ -277,5 +283,6 @@ def measure_throughput(model_config: ModelConfig, config: LMTrainConfig, stream:
                        micro_steps=micro_steps, lr_scale=1.0)
     sync()
     elapsed = time.perf_counter() - tick
-    return dict(tokens_per_second=steps * config.batch_size * config.context / elapsed, seconds_per_step=elapsed / steps,
-                world_size=world.size, batch_size=config.batch_size, context=config.context)
+    return dict(tokens_per_second=steps * config.batch_size * config.context / elapsed,
+                seconds_per_step=elapsed / steps, world_size=world.size, batch_size=config.batch_size,
+                context=config.context)
