@@ -17,9 +17,8 @@ from loglin_edu.layers import ModelConfig, build_model
 from loglin_edu.lm.evaluation import (level_weights, needle_scores, nonempty_levels, per_position_loss, score_prompt,
                                       smooth_by_log_position, validation_loss)
 
-PROSE = ("It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want "
-         "of a wife. However little known the feelings or views of such a man may be on his first entering a "
-         "neighbourhood, this truth is so well fixed in the minds of the surrounding families.\n")
+PROSE = ("In the beginning God created the heaven and the earth. And the earth was without form, and void. "
+         "And darkness was upon the face of the deep. And the Spirit of God moved upon the face of the waters.\n")
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +72,10 @@ def test_needle_prompts_hold_their_needles_where_they_say(stream):
         assert tok.decode(p.answer) == " " + number[:-1] and text.endswith(question(city))
         assert text.count("The special magic number for") == 4  # 3 needles and the question
         assert p == needle_prompt(tok, stream, length=300, depth=depth, num_keys=3, choices=6, seed=4)
+        before = tok.decode(p.tokens[:p.needle_position])
+        after = tok.decode(p.tokens[p.needle_position + len(tok.encode(asked)):])
+        assert after[:1].isspace()  # the needle splits no word
+        assert depth == 1.0 or before == "" or before.endswith(".")  # nor a sentence (the end may cut one)
         haystack = 300 - len(tok.encode(question(city))) - 3 * len(tok.encode(asked)) - 8
         assert abs(p.needle_position - depth * haystack) <= 64 + 2 * len(tok.encode(asked))
     first = needle_prompt(tok, stream, length=200, depth=0.0, seed=1)

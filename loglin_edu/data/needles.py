@@ -11,8 +11,8 @@ inserted into it, then the question
 
 whose answer is ``" <number>"``. The asked needle sits at ``depth`` (0: the start of the haystack, 1: its
 end, right before the question); in the multi-key task (``num_keys > 1``) the other needles name other
-cities and sit at random depths: the model must pick the right key's number. A needle is placed after the
-first token at or past its depth that ends a sentence or line (within 64 tokens), so it does not split a word.
+cities and sit at random depths: the model must pick the right key's number. A needle is placed at the first
+sentence end at or past its depth (within 64 tokens; else at the next word), so it splits no word.
 
 Candidates for scoring by rank: the right number first, then the other needles' numbers, then random
 7-digit numbers, ``choices`` in all.
@@ -32,7 +32,7 @@ CITIES = (
     "Rabat", "Amman", "Beirut", "Ottawa", "Canberra", "Wellington", "Montevideo", "Caracas", "Kingston", "Reykjavik",
     "Bern", "Brussels", "Budapest", "Bucharest", "Vilnius", "Minsk",
 )
-SENTENCE_ENDS = (".", "!", "?", ";", ":", "\n")
+SENTENCE_ENDS = (".", "!", "?")
 
 
 @dataclass(frozen=True)
@@ -62,26 +62,32 @@ def question(city: str) -> str:
 
 
 def sentence_end_after(tokens: list[int], position: int, tokenizer, reach: int = 64) -> int:
-    """The first index ``i >= position`` (at most ``position + reach``) right after a token that ends a sentence
-    or line; ``position`` itself if there is none (or if it is 0, the start)."""
-    if position == 0:
-        return 0
-    for i in range(position, min(len(tokens), position + reach) + 1):
+    """The first index ``i >= position`` (at most ``position + reach``) that lies between a token ending a
+    sentence and a token starting with white space — failing that, the first before a token starting with
+    white space (a word boundary); ``position`` itself if there is neither, or if it is the start or the end."""
+    if position == 0 or position >= len(tokens):
+        return position
+    candidates = range(position, min(len(tokens) - 1, position + reach) + 1)
+    word_starts = [i for i in candidates if tokenizer.decode([tokens[i]])[:1].isspace()]
+    for i in word_starts:
         if tokenizer.decode([tokens[i - 1]]).endswith(SENTENCE_ENDS):
             return i
-    return position
+    return word_starts[0] if word_starts else position
 
 
-def haystack(stream: TokenStream, size: int, rng: random.Random) -> list[int]:
-    """``size`` tokens of one document of ``stream`` (no end-of-document token inside), from a random offset."""
-    fitting = [d for d in stream.meta["documents"] if d["tokens"] - 1 >= size]
+def haystack(stream: TokenStream, size: int, rng: random.Random, tokenizer, reach: int = 64) -> list[int]:
+    """``size`` tokens of one document of ``stream`` (no end-of-document token inside), from a random offset
+    moved forward to the next sentence start (within ``reach`` tokens)."""
+    fitting = [d for d in stream.meta["documents"] if d["tokens"] - 1 >= size + reach]
     if not fitting:
         longest = max(d["tokens"] - 1 for d in stream.meta["documents"])
-        raise ValueError(f"no document of the haystack stream holds {size} tokens (the longest holds {longest}): "
-                         f"use shorter prompts or a corpus with longer documents")
+        raise ValueError(f"no document of the haystack stream holds {size + reach} tokens (the longest holds "
+                         f"{longest}): use shorter prompts or a corpus with longer documents")
     doc = rng.choice(fitting)
-    start = doc["start"] + rng.randrange(doc["tokens"] - 1 - size + 1)
-    return [int(t) for t in stream.tokens[start: start + size]]
+    offset = doc["start"] + rng.randrange(doc["tokens"] - 1 - size - reach + 1)
+    window = [int(t) for t in stream.tokens[offset: offset + size + reach]]
+    start = sentence_end_after(window, 1, tokenizer, reach - 1) if window else 0
+    return window[start: start + size]
 
 
 def needle_prompt(tokenizer, stream: TokenStream, *, length: int, depth: float, num_keys: int = 1, choices: int = 10,
@@ -101,7 +107,7 @@ def needle_prompt(tokenizer, stream: TokenStream, *, length: int, depth: float, 
     size = length - len(ask) - sum(len(n) for n in needles) - max(len(c) for c in candidates)
     if size < 1:
         raise ValueError(f"length={length} leaves no room for a haystack around {num_keys} needle(s) and the question")
-    hay = haystack(stream, size, rng)
+    hay = haystack(stream, size, rng, tokenizer)
     depths = [depth] + [rng.random() for _ in needles[1:]]
     places = [sentence_end_after(hay, round(d * size), tokenizer) for d in depths]
     order = sorted(range(num_keys), key=lambda i: (places[i], i), reverse=True)  # insert from the back

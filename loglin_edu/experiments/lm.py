@@ -113,7 +113,7 @@ TIERS: dict[str, LMTier] = {
         text=TextSpec(vocab_size=4096, max_document_chars=8000),
         train=LMTrainConfig(steps=100, batch_size=8, context=128, lr=3e-3, warmup_steps=10, eval_every=20,
                             eval_windows=16, eval_batch_size=8, amp=False),
-        eval=EvalSpec(windows=32, position_windows=16, needle_lengths=(256,), needle_depths=(0.0, 0.5, 1.0),
+        eval=EvalSpec(windows=32, position_windows=64, needle_lengths=(256,), needle_depths=(0.0, 0.5, 1.0),
                       needle_samples=2, needle_choices=4, multikey=3, level_windows=4, sample_tokens=32),
         d_model=128, n_layers=2, d_state=8, head_dim=64, gdn_heads=2, chunk_size=32, eval_reserve_s=10.0,
     ),
@@ -122,7 +122,7 @@ TIERS: dict[str, LMTier] = {
         train=LMTrainConfig(steps=600, batch_size=8, context=2048, lr=1.5e-3, warmup_steps=60, eval_every=100,
                             eval_windows=32, eval_batch_size=8, amp=True),
         eval=EvalSpec(),
-        d_model=512, n_layers=6, d_state=64, head_dim=128, gdn_heads=4, seeds=(0, 1, 2), eval_reserve_s=90.0,
+        d_model=512, n_layers=6, d_state=64, head_dim=128, gdn_heads=4, seeds=(0, 1, 2), eval_reserve_s=120.0,
     ),
 }
 
