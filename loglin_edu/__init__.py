@@ -4,7 +4,8 @@ Every operator takes ``[B, T, H, D]`` tensors and a ``form`` that picks an algor
 operator compute the same function. Importing this package never needs triton or a GPU.
 """
 
-from . import chunk_scan, chunking, deltanet, fenwick, ledger, linear, loglinear, masks, recurrence, softmax, state
+from . import chunk_scan, chunking, decoding, deltanet, fenwick, ledger, linear, loglinear, masks, recurrence, softmax, state
+from .decoding import FenwickCache
 from .deltanet import gated_deltanet_attention
 from .fenwick import bucket, buckets, level, level_matrix, num_levels
 from .ledger import Ledger, compare_forms
@@ -26,6 +27,7 @@ for _operator, _forms in (
 __version__ = "0.1.0"
 
 __all__ = [
+    "FenwickCache",
     "FenwickState",
     "Ledger",
     "bucket",
