@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import torch
 
-from ._layout import pad_time
 from .chunking import ChunkTerms, chunk_terms, split_chunks
 from .fenwick import levels_within_chunk, num_chunk_levels, num_levels, trailing_zeros
+from .layout import pad_time
 from .state import FenwickState
 
 

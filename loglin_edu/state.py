@@ -131,3 +131,15 @@ def prefix_state(
         for bucket in buckets(T - 1)
     ]
     return FenwickState(levels, position=T)
+
+
+def linear_prefix_state(
+    k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor | None = None, beta: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The linear model's state after tokens ``0..T-1``, from its definition: one bucket holding every key,
+
+        S_{T-1} = Σ_s P_{T-1,s} β_s k_s v_sᵀ.
+
+    k: ``[B, H, T, K]``; v: ``[B, H, T, V]``; log_decay, beta: ``[B, H, T]`` or None. Returns ``[B, H, K, V]``.
+    """
+    return carried_keys(k, log_decay, beta).transpose(-1, -2) @ v

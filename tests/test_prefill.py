@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import loglin_edu as le
 from loglin_edu.chunk_scan import chunk_scan
 from loglin_edu.state import prefix_state
-from operators import LOGLINEAR, assert_close
+from operators import LOGLINEAR, OPERATORS, assert_close
 
 IDS = [op.name for op in LOGLINEAR]
 
@@ -154,3 +154,28 @@ def test_triton_form_returns_the_state_in_float32():
     assert all(s.dtype == torch.float32 for s in state.levels if s is not None)
     tail = decode_on(state, *wide, None, start=t)
     assert_close(torch.cat([head, tail], dim=1).double().cpu(), full, rtol=1e-5, what="triton prefill + decoding")
+
+
+LINEAR = [op for op in OPERATORS if not op.level_scales and op.name != "softmax"]
+
+
+@pytest.mark.parametrize("op", LINEAR, ids=[op.name for op in LINEAR])
+@pytest.mark.parametrize("form", ["naive", "recurrent", "chunkwise"])
+def test_linear_prefill_returns_the_final_state(op, form):
+    """The linear models hand off one ``[B, H, K, V]`` state; the recurrence continues from it."""
+    from loglin_edu.ops import mix
+    from loglin_edu.recurrence import read, transition, write
+
+    T, t, H = 45, 19, 2
+    q, k, v, *gates = op.inputs(B=2, T=T, H=H, K=3, V=2, seed=5, shared_qk=True)
+    g = gates[0] if op.decay else None
+    b = gates[-1] if op.delta else None
+    full = mix(q, k, v, g, b, form="naive")
+    head, state = mix(*(None if x is None else x[:, :t] for x in (q, k, v, g, b)), form=form, chunk_size=8,
+                      return_state=True)
+    tail = []
+    for s in range(t, T):
+        k_s, g_s, b_s = k[:, s].expand(-1, H, -1), None if g is None else g[:, s], None if b is None else b[:, s]
+        state = transition(state, k_s, g_s, b_s) + write(k_s, v[:, s], b_s)
+        tail.append(read(state, q[:, s].expand(-1, H, -1)))
+    assert_close(torch.cat([head, torch.stack(tail, dim=1)], dim=1), full, what=f"{op.name} {form} hand-off")
