@@ -207,9 +207,16 @@ class LogLinearMamba2(Mamba2):
         cache.levels = FenwickCache.from_state(state, cache.max_len)
 
     def mixer_step(self, q, k, v, log_decay, extra, cache: MixerCache) -> torch.Tensor:
-        """One step of the Fenwick levels (:func:`~loglin_edu.decoding.fenwick_step`), λ from ``extra``."""
+        """One step of the Fenwick levels, λ from ``extra``: the Triton decode kernel
+        (:mod:`loglin_edu.kernels.decode_step`, in place, one launch) when the backend is ``"triton"`` and the
+        levels are float32, else :func:`~loglin_edu.decoding.fenwick_step`."""
         levels = cache.levels
         level_scales = self.levels(extra[:, None])[:, 0, :, : levels.num_levels]  # [B, H, L]
+        kernel = resolve_backend(self.backend, v, loglinear=True, beta=False) == "triton"
+        if kernel and levels.levels.dtype == torch.float32 and self.d_state <= 128:
+            from ..kernels.decode_step import decode_step_
+
+            return decode_step_(levels.levels, levels.position, q[:, :1], k[:, :1], v, level_scales, log_decay)
         out, levels.levels, levels.position = fenwick_step(
             levels.levels, levels.position, q, k, v, level_scales, log_decay
         )
