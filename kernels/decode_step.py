@@ -15,6 +15,9 @@ once. A level empty before the step is not read (its load is masked off: it hold
 before and after is not written, so a step moves ``(popcount(t - 1) + 1)`` states in and about as many
 out — ``2 · (popcount + 1) · K · V · 4`` bytes per head, the floor for a state that decays every token.
 The step is memory-bound: ``2 · L · K · V`` flops per head against those bytes.
+
+:func:`mamba2_decode_step_` is the same step for Mamba-2's single state (``S <- exp(g) S + k vᵀ``,
+``o = Sᵀ q``): one state in, one out — the baseline a log-linear step is measured against.
 """
 
 from __future__ import annotations
@@ -83,11 +86,12 @@ def decode_step_(
     *,
     block_v: int | None = None,
     num_warps: int = 4,
+    advance: bool = True,
 ) -> torch.Tensor:
     """One step of log-linear Mamba-2 for every sequence, in place (module docstring).
 
     levels: ``[B, H, L, K, V]`` fp32, V contiguous (updated in place); position: ``[B]`` int64 (advanced by
-    one in place); q, k: ``[B, H or 1, K]`` (one head shared by all, as Mamba-2's B and C); v: ``[B, H, V]``;
+    one in place unless ``advance=False``, which a benchmark uses to repeat one position); q, k: ``[B, H or 1, K]`` (one head shared by all, as Mamba-2's B and C); v: ``[B, H, V]``;
     level_scales: ``[B, H, >= L]``; log_decay: ``[B, H]`` or None. Returns o ``[B, H, V]`` in v's dtype.
     block_v: the V-tile of one program (more programs for a small batch); K must be at most 128.
     """
@@ -119,5 +123,66 @@ def decode_step_(
         o.stride(0), o.stride(1),
         HAS_DECAY=log_decay is not None, BK=block(K), BV=BV, num_warps=num_warps,
     )
-    position.add_(1)
+    if advance:
+        position.add_(1)
+    return o
+
+
+@triton.jit
+def mamba2_decode_kernel(
+    state_ptr, q_ptr, k_ptr, v_ptr, g_ptr, o_ptr,
+    K, V,
+    s_sb, s_sh, s_sk, sqb, sqh, svb, svh, sgb, sgh, sob, soh,
+    HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    """Grid ``(V / BV, H, B)``. state: [B, H, K, V] fp32 (V contiguous); q, k: [B, H or 1, K]; v, o: [B, H, V]."""
+    i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rk = tl.arange(0, BK)
+    rv = i_v * BV + tl.arange(0, BV)
+    tile_mask = (rk[:, None] < K) & (rv[None, :] < V)
+    q = tl.load(q_ptr + i_b.to(tl.int64) * sqb + i_h * sqh + rk, mask=rk < K, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + i_b.to(tl.int64) * sqb + i_h * sqh + rk, mask=rk < K, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + i_b.to(tl.int64) * svb + i_h * svh + rv, mask=rv < V, other=0.0).to(tl.float32)
+    ptrs = state_ptr + i_b.to(tl.int64) * s_sb + i_h.to(tl.int64) * s_sh + rk[:, None].to(tl.int64) * s_sk + rv[None, :]
+    state = tl.load(ptrs, mask=tile_mask, other=0.0)
+    if HAS_DECAY:
+        state *= tl.exp(tl.load(g_ptr + i_b.to(tl.int64) * sgb + i_h * sgh).to(tl.float32))
+    state += k[:, None] * v[None, :]
+    tl.store(ptrs, state, mask=tile_mask)
+    out = tl.sum(q[:, None] * state, 0)
+    tl.store(o_ptr + i_b.to(tl.int64) * sob + i_h * soh + rv, out.to(o_ptr.dtype.element_ty), mask=rv < V)
+
+
+def mamba2_decode_step_(
+    state: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_decay: torch.Tensor | None = None,
+    *,
+    block_v: int | None = None,
+    num_warps: int = 4,
+) -> torch.Tensor:
+    """One Mamba-2 step in place: ``S <- exp(g) S + k vᵀ``, returns ``o = Sᵀ q``.
+
+    state: ``[B, H, K, V]`` fp32, V contiguous; q, k: ``[B, H or 1, K]``; v: ``[B, H, V]``; log_decay:
+    ``[B, H]`` or None. Returns o ``[B, H, V]`` in v's dtype.
+    """
+    B, H, K, V = state.shape
+    if state.dtype != torch.float32 or state.stride(-1) != 1:
+        raise ValueError(f"state must be float32 with V contiguous, got {state.dtype} strides {state.stride()}")
+    if K > MAX_BLOCK or q.shape != k.shape or q.shape[0] != B or q.shape[1] not in (1, H) or q.shape[2] != K:
+        raise ValueError(f"q, k must have shape [B={B}, H={H} or 1, K={K}] with K <= {MAX_BLOCK}, got {tuple(q.shape)}")
+    if q.stride() != k.stride() or q.stride(-1) != 1:
+        q, k = q.contiguous(), k.contiguous()
+    v = v if v.stride(-1) == 1 else v.contiguous()
+    BV = block_v or min(block(V), 64)
+    o = torch.empty(B, H, V, device=v.device, dtype=v.dtype)
+    g = log_decay if log_decay is not None else v
+    mamba2_decode_kernel[(triton.cdiv(V, BV), H, B)](
+        state, q, k, v, g, o, K, V,
+        state.stride(0), state.stride(1), state.stride(2), q.stride(0), 0 if q.shape[1] == 1 else q.stride(1),
+        v.stride(0), v.stride(1), g.stride(0), g.stride(1), o.stride(0), o.stride(1),
+        HAS_DECAY=log_decay is not None, BK=block(K), BV=BV, num_warps=num_warps,
+    )
     return o

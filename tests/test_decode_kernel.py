@@ -137,3 +137,20 @@ def test_layer_decodes_with_the_kernel():
     tail = torch.stack([layer.step(x[:, t], cache) for t in range(17, 21)], dim=1)
     assert cache.levels.position.tolist() == [21, 21]
     assert_close(torch.cat([head, tail], dim=1).double(), full, rtol=1e-5, what="triton prefill + kernel steps")
+
+
+def test_mamba2_kernel_step_equals_the_recurrence():
+    """The baseline of the decode benchmark: Mamba-2's one-state step, against the package's recurrence."""
+    from loglin_edu.recurrence import read, transition, write
+
+    gen = torch.Generator().manual_seed(8)
+    B, H, K, V = 2, 3, 5, 6
+    state = torch.zeros(B, H, K, V, device=DEVICE)
+    reference = state.double()
+    for _ in range(4):
+        q, k, v, _, g = random_step(gen, B, H, 1, K, V, 1)
+        got = decode.mamba2_decode_step_(state, q, k, v, g, block_v=4)
+        k_h = k.double().expand(B, H, K)
+        reference = transition(reference, k_h, g.double(), None) + write(k_h, v.double(), None)
+        assert_close(got.double(), read(reference, q.double().expand(B, H, K)), rtol=1e-5, atol=1e-6, what="o")
+        assert_close(state.double(), reference, rtol=1e-5, atol=1e-6, what="state")
