@@ -53,6 +53,7 @@ class DecodeSetting:
     batches: tuple[int, ...] = (1, 64)
     contexts: tuple[int, ...] = (1024, 4096, 16384, 65536, 262144, 1048576)
     memory_limit_gib: float = 140.0
+    block_v: tuple[int, ...] = (16, 32, 64)  # V-tiles of the Triton steps: each is timed, the fastest kept
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -60,7 +61,7 @@ class DecodeSetting:
 
 
 GPU = DecodeSetting()
-CPU = DecodeSetting(heads=2, key=16, value=16, dtype="float32", batches=(1, 2), contexts=(16, 64))
+CPU = DecodeSetting(heads=2, key=16, value=16, dtype="float32", batches=(1, 2), contexts=(16, 64), block_v=(16,))
 IMPLEMENTATIONS = ("loglinear", "loglinear_torch", "mamba2", "attention")
 
 
@@ -95,6 +96,14 @@ def step_ms(step: Callable[[], object], device: torch.device, graph: bool = True
         torch.cuda.synchronize()
         return median_ms(step, device=device), False
     return median_ms(cuda_graph.replay, device=device), True
+
+
+def fastest_tile(step: Callable[[int], object], s: DecodeSetting, device) -> dict:
+    """Time ``step(block_v)`` for every V-tile of the setting; the fastest, and every time."""
+    times = {bv: step_ms(lambda: step(bv), device) for bv in s.block_v}
+    best = min(times, key=lambda bv: times[bv][0])
+    return dict(step_ms=times[best][0], cuda_graph=times[best][1], block_v=best,
+                block_v_ms={str(bv): t[0] for bv, t in times.items()})
 
 
 def step_inputs(B: int, s: DecodeSetting, levels: int, device, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -133,19 +142,18 @@ def measure_loglinear(B: int, T: int, s: DecodeSetting, device, kernel: bool) ->
     if kernel:
         from .kernels.decode_step import decode_step_
 
-        def step():
-            return decode_step_(cache.levels, cache.position, x["q"], x["k"], x["v"], x["level_scales"],
-                                x["log_decay"], advance=False)
+        timed = fastest_tile(lambda bv: decode_step_(
+            cache.levels, cache.position, x["q"], x["k"], x["v"], x["level_scales"], x["log_decay"],
+            block_v=bv, advance=False), s, device)
     else:
         heads = (B, s.heads, s.key)
-
-        def step():
-            return fenwick_step(cache.levels, cache.position, x["q"].expand(heads), x["k"].expand(heads), x["v"],
-                                x["level_scales"], x["log_decay"])
-    ms, graph = step_ms(step, device)
+        ms, graph = step_ms(lambda: fenwick_step(
+            cache.levels, cache.position, x["q"].expand(heads), x["k"].expand(heads), x["v"], x["level_scales"],
+            x["log_decay"]), device)
+        timed = dict(step_ms=ms, cuda_graph=graph)
     live = [int(n) for n in cache.live()[0].nonzero().flatten()]
-    return dict(step_ms=ms, cuda_graph=graph, state_bytes=nbytes, levels=cache.num_levels,
-                live_levels_before=live, states_per_head=nbytes / (B * s.heads * s.key * s.value * 4))
+    return dict(timed, state_bytes=nbytes, levels=cache.num_levels, live_levels_before=live,
+                states_per_head=nbytes / (B * s.heads * s.key * s.value * 4))
 
 
 def measure_mamba2(B: int, T: int, s: DecodeSetting, device) -> dict:
@@ -155,8 +163,9 @@ def measure_mamba2(B: int, T: int, s: DecodeSetting, device) -> dict:
     tensors, nbytes = allocated(lambda: {"state": torch.zeros(B, s.heads, s.key, s.value, device=device)}, device)
     state = tensors["state"].normal_(0, 0.01)
     x = step_inputs(B, s, 1, device)
-    ms, graph = step_ms(lambda: mamba2_decode_step_(state, x["q"], x["k"], x["v"], x["log_decay"]), device)
-    return dict(step_ms=ms, cuda_graph=graph, state_bytes=nbytes, states_per_head=1.0)
+    timed = fastest_tile(lambda bv: mamba2_decode_step_(state, x["q"], x["k"], x["v"], x["log_decay"], block_v=bv),
+                         s, device)
+    return dict(timed, state_bytes=nbytes, states_per_head=1.0)
 
 
 def kv_cache_bytes(B: int, T: int, s: DecodeSetting) -> int:
