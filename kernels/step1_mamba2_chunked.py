@@ -70,19 +70,20 @@ def mamba2_fwd_kernel(
 def mamba2_bwd_kernel(
     q_ptr, k_ptr, v_ptr, gc_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, qdq_ptr, kdk_ptr,
     T, N, H, K, V,
-    sqb, sqt, sqh, svb, svt, svh, sdb, sdt, sdh, sgb, sgt, sgh,
+    sqb, sqt, sqh, svb, svt, svh, sdob, sdot, sdoh, sdvb, sdvt, sdvh,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IP: tl.constexpr,
 ):
-    """Grid ``(V / BV, H, B)``. do, dv: [B, T, H, V] (strides ``sd*``, ``sg*``). Writes this V-block's share of dq, dk (fp32 ``[NV, B, T, H, K]``, summed
-    by the host), dv (``[B, T, H, V]``) and of ``q·dq``, ``k·dk`` (fp32 ``[NV, B, H, N·C]``)."""
+    """Grid ``(V / BV, H, B)``. do, dv: [B, T, H, V] (strides ``sdo*``, ``sdv*``). Writes this V-block's share
+    of dq, dk (fp32 ``[NV, B, T, H, K]``, summed by the host), dv (``[B, T, H, V]``) and of ``q·dq``, ``k·dk``
+    (fp32 ``[NV, B, H, N·C]``)."""
     i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rk = tl.arange(0, BK)
     rv = i_v * BV + tl.arange(0, BV)
     q_ptr += i_b.to(tl.int64) * sqb + i_h * sqh
     k_ptr += i_b.to(tl.int64) * sqb + i_h * sqh
     v_ptr += i_b.to(tl.int64) * svb + i_h * svh
-    do_ptr += i_b.to(tl.int64) * sdb + i_h * sdh
-    dv_ptr += i_b.to(tl.int64) * sgb + i_h * sgh
+    do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh
+    dv_ptr += i_b.to(tl.int64) * sdvb + i_h * sdvh
     part = ((i_v * tl.num_programs(2) + i_b) * T).to(tl.int64) * H * K + i_h * K  # [NV, B, T, H, K]
     dq_ptr += part
     dk_ptr += part
@@ -97,7 +98,7 @@ def mamba2_bwd_kernel(
         q = load_tile(q_ptr, sqt, t, T, rk, K)
         k = load_tile(k_ptr, sqt, t, T, rk, K)
         v = load_tile(v_ptr, svt, t, T, rv, V)
-        do = load_tile(do_ptr, sdt, t, T, rv, V)
+        do = load_tile(do_ptr, sdot, t, T, rv, V)
         gc = tl.load(gc_ptr + t)
         g_last = tl.load(gc_ptr + c * C + C - 1)
         d_scores = tl.dot(do, tl.trans(v), input_precision=IP) * decay_matrix(gc, C)
@@ -114,7 +115,7 @@ def mamba2_bwd_kernel(
         t = c * C + tl.arange(0, C)
         q, k, scores = load_qk_scores(q_ptr, k_ptr, sqt, t, T, rk, K, IP)
         v = load_tile(v_ptr, svt, t, T, rv, V)
-        do = load_tile(do_ptr, sdt, t, T, rv, V)
+        do = load_tile(do_ptr, sdot, t, T, rv, V)
         gc = tl.load(gc_ptr + t)
         g_last = tl.load(gc_ptr + c * C + C - 1)
         decay = decay_matrix(gc, C)
@@ -125,7 +126,7 @@ def mamba2_bwd_kernel(
         dv += tl.dot((k * to_end[:, None]).to(do.dtype), d_state.to(do.dtype), input_precision=IP)
         dk = tl.dot(tl.trans(d_scores.to(q.dtype)), q, input_precision=IP)
         dk += tl.dot(v, tl.trans(d_state.to(v.dtype)), input_precision=IP) * to_end[:, None]
-        store_tile(dv_ptr, sgt, t, T, rv, V, dv)
+        store_tile(dv_ptr, sdvt, t, T, rv, V, dv)
         store_tile(dk_ptr, H * K, t, T, rk, K, dk)
         tl.store(kdk_ptr + t, tl.sum(k.to(dk.dtype) * dk, 1))
         q_from_start = (q * tl.exp(gc)[:, None]).to(do.dtype)

@@ -34,7 +34,7 @@ from .parts import GatedRMSNorm, LevelScales, ShortConvolution, inverse_softplus
 class GatedDeltaNet(nn.Module):
     """Gated DeltaNet layer (module docstring). x: ``[B, T, d_model]`` -> ``[B, T, d_model]``.
 
-    num_heads: H; head_dim: K (``d_model // num_heads`` when None); expand_v: ``V / K``; conv_size:
+    num_heads: H; key_dim: K (``d_model // num_heads`` when None); expand_v: ``V / K``; conv_size:
     short convolution width; backend/form/chunk_size: how the operator runs.
     """
 
@@ -43,7 +43,7 @@ class GatedDeltaNet(nn.Module):
         d_model: int,
         *,
         num_heads: int = 2,
-        head_dim: int | None = None,
+        key_dim: int | None = None,
         expand_v: int = 2,
         conv_size: int = 4,
         dt_range: tuple[float, float] = (1e-3, 1e-1),
@@ -55,7 +55,7 @@ class GatedDeltaNet(nn.Module):
         super().__init__()
         check_form(form, REFERENCE_FORMS)
         self.num_heads = num_heads
-        self.key_dim = d_model // num_heads if head_dim is None else head_dim
+        self.key_dim = d_model // num_heads if key_dim is None else key_dim
         self.value_dim = expand_v * self.key_dim
         self.backend, self.form, self.chunk_size = backend, form, chunk_size
         H, K, V = num_heads, self.key_dim, self.value_dim
@@ -93,6 +93,10 @@ class GatedDeltaNet(nn.Module):
         """``o_proj(RMSNorm(o) ⊙ SiLU(x W_gate))``: o ``[..., H, V]``, x ``[..., d_model]`` -> ``[..., d_model]``."""
         return self.o_proj(self.o_norm(o.flatten(-2), self.gate_proj(x)))
 
+    def state_size(self) -> int:
+        """Entries of the recurrent state of one sequence: ``H · K · V`` (per Fenwick level when log-linear)."""
+        return self.num_heads * self.key_dim * self.value_dim
+
     def mixer(self, q, k, v, log_decay, beta, x, return_state=False):
         """``gated_deltanet_attention(q, k, v, log_decay, beta)`` on the chosen backend. q, k: ``[B, T, H, K]``;
         v: ``[B, T, H, V]``; log_decay, beta: ``[B, T, H]``; x: the layer input. Returns ``[B, T, H, V]``
@@ -110,6 +114,7 @@ class GatedDeltaNet(nn.Module):
         return None
 
     def convolutions(self) -> dict[str, nn.Module]:
+        """The three short convolutions by name (their windows in a cache have the same names)."""
         return {"q_conv": self.q_conv, "k_conv": self.k_conv, "v_conv": self.v_conv}
 
     def init_cache(
@@ -183,23 +188,23 @@ class LogLinearGatedDeltaNet(GatedDeltaNet):
 
     def __init__(self, d_model: int, *, max_len: int = 2048, **kwargs) -> None:
         super().__init__(d_model, **kwargs)
-        self.levels = LevelScales(self.num_heads, max_len)
+        self.level_scales = LevelScales(self.num_heads, max_len)
         self.l_proj = nn.Linear(d_model, self.num_heads * num_levels(max_len), bias=False)
 
     def mixer(self, q, k, v, log_decay, beta, x, return_state=False):
         """``loglinear_attention(q, k, v, λ, log_decay, beta)`` with ``λ = softplus(L · l_proj(x))`` (with
         ``return_state`` also the :class:`~loglin_edu.state.FenwickState` after the last token)."""
-        level_scales = self.levels(self.l_proj(x))
+        level_scales = self.level_scales(self.l_proj(x))
         form = "triton" if resolve_backend(self.backend, v, loglinear=True, beta=True) == "triton" else self.form
         return mix(q, k, v, log_decay, beta, level_scales, form=form, chunk_size=self.chunk_size,
                    return_state=return_state)
 
     def describe(self) -> str:
-        return super().describe()[:-1] + f", max_len={self.levels.max_len})"
+        return super().describe()[:-1] + f", max_len={self.level_scales.max_len})"
 
     def max_cache_len(self) -> int:
         """λ has ``num_levels(max_len)`` levels: no decoding past the layer's ``max_len``."""
-        return self.levels.max_len
+        return self.level_scales.max_len
 
     def empty_state(self, cache: MixerCache, device, dtype) -> None:
         """An empty :class:`~loglin_edu.decoding.FenwickCache` ``[B, H, num_levels(max_len), K, V]``."""
@@ -213,7 +218,7 @@ class LogLinearGatedDeltaNet(GatedDeltaNet):
     def mixer_step(self, q, k, v, log_decay, beta, x_t, cache: MixerCache) -> torch.Tensor:
         """One step of the Fenwick levels (:func:`~loglin_edu.decoding.fenwick_step`), λ from ``l_proj(x_t)``."""
         levels = cache.levels
-        level_scales = self.levels(self.l_proj(x_t)[:, None])[:, 0, :, : levels.num_levels]  # [B, H, L]
+        level_scales = self.level_scales(self.l_proj(x_t)[:, None])[:, 0, :, : levels.num_levels]  # [B, H, L]
         out, levels.levels, levels.position = fenwick_step(
             levels.levels, levels.position, q, k, v, level_scales, log_decay, beta
         )
