@@ -9,7 +9,7 @@ pytest.importorskip("triton")
 
 
 def test_decode_benchmark_cpu_tier(tmp_path):
-    from loglin_edu.bench_decode import CPU, IMPLEMENTATIONS, main
+    from loglin_edu.bench.decode import CPU, IMPLEMENTATIONS, main
 
     out = tmp_path / "decode.json"
     result = main(["--tier", "cpu", "--quiet", "--out", str(out)])
@@ -34,7 +34,7 @@ def test_decode_benchmark_cpu_tier(tmp_path):
 
 
 def test_a_kv_cache_over_the_limit_is_skipped_with_its_reason():
-    from loglin_edu.bench_decode import CPU, measure
+    from loglin_edu.bench.decode import CPU, measure
     from dataclasses import replace
 
     import torch

@@ -33,7 +33,7 @@ TOP_LEVEL = {  # first component below loglin_edu -> layer
     "ops": "ops", "kernels": "kernels",
     "layers": "parts", "data": "parts", "ledger": "parts",
     "train": "training",
-    "experiments": "programs", "bench": "programs", "bench_decode": "programs",
+    "experiments": "programs", "bench": "programs",
     "viz": "book", "exercises": "book",
 }
 

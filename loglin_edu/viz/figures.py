@@ -235,7 +235,7 @@ def draw_series(lengths, series: dict[str, list[float]], ax=None, *, ylabel: str
 
 
 def draw_decode_results(result: dict, quantity: str, batch: int, ax=None, *, names=None):
-    """One panel of a decode benchmark's results (:mod:`loglin_edu.bench_decode`): ``quantity`` (``"step_ms"``
+    """One panel of a decode benchmark's results (:mod:`loglin_edu.bench.decode`): ``quantity`` (``"step_ms"``
     or ``"state_bytes"``) against the context for every implementation, at batch ``batch``; a row without the
     quantity (a skipped KV cache) leaves a gap."""
     rows = [r for r in result["rows"] if r["batch"] == batch]

@@ -1,6 +1,6 @@
 """How fast and how small is decoding: one layer's operator step at long contexts, and its state's bytes.
 
-    python -m loglin_edu.bench_decode [--tier gpu|cpu] [--contexts ...] [--batches ...] [--out PATH]
+    python -m loglin_edu.bench --decode [--tier gpu|cpu] [--contexts ...] [--batches ...] [--out PATH]
 
 For every batch ``B`` and context ``T`` the token decoded is the ``T``-th: ``T - 1`` tokens are in the
 state before the step, ``T`` after. Only the operator's step is timed (no projections), on the GPU
@@ -35,10 +35,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .decoding import FenwickCache, fenwick_step
-from .fenwick import num_levels
-from .provenance import DEFAULT_RESULTS, device_slug, provenance, write_json
-from .timing import median_ms
+from ..decoding import FenwickCache, fenwick_step
+from ..fenwick import num_levels
+from ..provenance import DEFAULT_RESULTS, device_slug, provenance, write_json
+from ..timing import median_ms
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ def measure_loglinear(B: int, T: int, s: DecodeSetting, device, kernel: bool) ->
     cache, nbytes = loglinear_cache(B, T, s, device)
     x = step_inputs(B, s, cache.num_levels, device)
     if kernel:
-        from .kernels.decode_step import decode_step_
+        from ..kernels.decode_step import decode_step_
 
         timed = fastest_tile(lambda bv: decode_step_(
             cache.levels, cache.position, x["q"], x["k"], x["v"], x["level_scales"], x["log_decay"],
@@ -158,7 +158,7 @@ def measure_loglinear(B: int, T: int, s: DecodeSetting, device, kernel: bool) ->
 
 def measure_mamba2(B: int, T: int, s: DecodeSetting, device) -> dict:
     """Mamba-2's one-state step (Triton kernel); the state's size does not depend on ``T``."""
-    from .kernels.decode_step import mamba2_decode_step_
+    from ..kernels.decode_step import mamba2_decode_step_
 
     tensors, nbytes = allocated(lambda: {"state": torch.zeros(B, s.heads, s.key, s.value, device=device)}, device)
     state = tensors["state"].normal_(0, 0.01)
@@ -274,7 +274,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m loglin_edu.bench_decode", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m loglin_edu.bench --decode", description=__doc__.split("\n")[0])
     parser.add_argument("--tier", choices=("gpu", "cpu"), default="gpu" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--contexts", type=int, nargs="*", help="contexts T (default: the tier's)")
     parser.add_argument("--batches", type=int, nargs="*", help="batch sizes (default: the tier's)")
@@ -291,7 +291,7 @@ def main(argv=None) -> dict:
     device = torch.device("cuda" if args.tier == "gpu" else "cpu")
     if device.type == "cpu" and "triton" not in sys.modules:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # this program's own process: the interpreter on a CPU
-    command = "python -m loglin_edu.bench_decode " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m loglin_edu.bench --decode " + " ".join(sys.argv[1:] if argv is None else argv)
     result = provenance(command, device)
     result["setting"] = asdict(s)
     out = args.out or DEFAULT_RESULTS / f"decode_{device_slug(device)}.json"
