@@ -9,21 +9,18 @@ Without decay (``log_decay=None``) this is plain causal linear attention. The th
 - ``chunkwise``: dense inside chunks of ``C`` tokens, one state passed between chunks: O(T C).
 
 The same recurrent and chunkwise routines serve the delta rule (``beta``); see :mod:`loglin_edu.deltanet`.
-No scale and no normalisation are applied: callers scale or normalise q and k.
+No scale and no normalisation are applied: callers scale or normalise q and k. The forms here are
+heads-first (``[B, H, T, D]``); the public operators :func:`~loglin_edu.ops.linear_attention` and
+:func:`~loglin_edu.ops.mamba2_attention` check their ``[B, T, H, D]`` inputs and dispatch to them.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._checks import check_chunk_size, check_form, check_gate, check_qkv
-from ._layout import heads_first, time_first
 from .chunking import chunk_terms, split_chunks
 from .masks import segment_sum
 from .recurrence import read, transition, write
-
-FORMS = ("naive", "recurrent", "chunkwise")
-
 
 def decay_attention_matrix(q: torch.Tensor, k: torch.Tensor, log_decay: torch.Tensor | None) -> torch.Tensor:
     """``(Q Kᵀ) ⊙ M^S`` restricted to ``s <= t``. q, k: ``[B, H, T, K]``; log_decay: ``[B, H, T]`` or None.
@@ -42,9 +39,11 @@ def recurrent_linear(
     v: torch.Tensor,
     log_decay: torch.Tensor | None = None,
     beta: torch.Tensor | None = None,
-) -> torch.Tensor:
+    return_state: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Token-by-token recurrence with one ``[B, H, K, V]`` state. q, k: ``[B, H, T, K]``; v: ``[B, H, T, V]``;
-    log_decay, beta: ``[B, H, T]`` or None. Returns ``[B, H, T, V]``.
+    log_decay, beta: ``[B, H, T]`` or None. Returns ``[B, H, T, V]``, and with ``return_state`` the final
+    state ``[B, H, K, V]``.
     """
     B, H, T, K = q.shape
     state = q.new_zeros(B, H, K, v.shape[-1])
@@ -54,7 +53,8 @@ def recurrent_linear(
         b_t = None if beta is None else beta[:, :, t]
         state = transition(state, k[:, :, t], g_t, b_t) + write(k[:, :, t], v[:, :, t], b_t)
         outputs.append(read(state, q[:, :, t]))
-    return torch.stack(outputs, dim=2)
+    out = torch.stack(outputs, dim=2)
+    return (out, state) if return_state else out
 
 
 def chunkwise_linear(
@@ -64,10 +64,13 @@ def chunkwise_linear(
     log_decay: torch.Tensor | None = None,
     beta: torch.Tensor | None = None,
     chunk_size: int = 64,
-) -> torch.Tensor:
+    return_state: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Chunkwise form: ``o = intra V + S_cᵀ query`` per chunk, ``S_{c+1} = Φ_c S_c + own_c``.
 
-    Shapes as :func:`recurrent_linear`. Cost O(T·C·(K+V) + T·K·V) (plus O(T·K²) with the delta rule).
+    Shapes as :func:`recurrent_linear` (the state after the last, zero-padded chunk is the state after
+    token ``T - 1``: padded tokens neither write nor decay). Cost O(T·C·(K+V) + T·K·V) (plus O(T·K²) with
+    the delta rule).
     """
     T = q.shape[2]
     terms = chunk_terms(q, k, v, log_decay, beta, chunk_size)
@@ -77,57 +80,5 @@ def chunkwise_linear(
     for c in range(out.shape[2]):
         from_state.append(terms.query[:, :, c] @ state)
         state = terms.propagate(c, state) + terms.own[:, :, c]
-    out = out + torch.stack(from_state, dim=2)
-    return out.flatten(2, 3)[:, :, :T]
-
-
-def _linear_forms(q, k, v, log_decay, beta, form, chunk_size, naive_matrix):
-    """Shared dispatch of the three forms on heads-first inputs."""
-    if form == "naive":
-        return naive_matrix(q, k, log_decay, beta) @ v
-    if form == "recurrent":
-        return recurrent_linear(q, k, v, log_decay, beta)
-    return chunkwise_linear(q, k, v, log_decay, beta, chunk_size)
-
-
-def linear_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    form: str = "chunkwise",
-    chunk_size: int = 64,
-) -> torch.Tensor:
-    """Causal linear attention ``o_t = Σ_{s<=t} (q_t·k_s) v_s``.
-
-    q, k: ``[B, T, H, K]`` (or ``H = 1``: shared by all heads); v: ``[B, T, H, V]`` -> ``[B, T, H, V]``.
-    """
-    return mamba2_attention(q, k, v, None, form=form, chunk_size=chunk_size)
-
-
-def mamba2_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    log_decay: torch.Tensor | None,
-    *,
-    form: str = "chunkwise",
-    chunk_size: int = 64,
-) -> torch.Tensor:
-    """Mamba-2 (scalar decay): ``o_t = Σ_{s<=t} (q_t·k_s) exp(G_t - G_s) v_s``.
-
-    q, k: ``[B, T, H, K]`` (or ``H = 1``); v: ``[B, T, H, V]``; log_decay: ``[B, T, H]`` (``g <= 0``) or
-    None (linear attention). Returns ``[B, T, H, V]``.
-    """
-    dims = check_qkv(q, k, v)
-    if log_decay is not None:
-        check_gate("log_decay", log_decay, dims, q, nonpositive=True)
-    check_form(form, FORMS)
-    check_chunk_size(chunk_size)
-    H = dims.H
-    g = None if log_decay is None else log_decay.transpose(1, 2)
-    out = _linear_forms(
-        heads_first(q, H), heads_first(k, H), heads_first(v, H), g, None, form, chunk_size,
-        lambda q_, k_, g_, _: decay_attention_matrix(q_, k_, g_),
-    )
-    return time_first(out)
+    out = (out + torch.stack(from_state, dim=2)).flatten(2, 3)[:, :, :T]
+    return (out, state) if return_state else out

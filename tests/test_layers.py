@@ -18,10 +18,8 @@ from loglin_edu.layers import (
     SoftmaxAttention,
     build_model,
     count_parameters,
-    mix,
-    resolve_backend,
-    triton_form_available,
 )
+from loglin_edu.ops import KERNEL_FORM, forms, mix, resolve_backend
 from loglin_edu.train import Ensemble
 from operators import assert_close
 
@@ -88,19 +86,19 @@ def test_unit_level_scales_recover_the_linear_layer(linear_name, loglinear_name,
     if linear_name == "mamba2":  # the linear layer's in_proj is the first rows of the log-linear one's
         state["in_proj.weight"] = state["in_proj.weight"][: linear.in_proj.out_features]
     linear.load_state_dict({k: v for k, v in state.items() if k in linear.state_dict()})
-    loglinear.levels.forward = lambda dl: torch.ones(*dl.shape[:2], loglinear.num_heads, loglinear.levels.num_levels,
+    loglinear.level_scales.forward = lambda dl: torch.ones(*dl.shape[:2], loglinear.num_heads, loglinear.level_scales.num_levels,
                                                      dtype=dl.dtype)
     x = torch.randn(2, 37, D, dtype=torch.float64)
     assert_close(loglinear(x), linear(x), rtol=1e-12, what=f"{loglinear_name} with λ ≡ 1 vs {linear_name}")
     # and λ matters: with its own λ the layer differs
-    del loglinear.levels.forward
+    del loglinear.level_scales.forward
     assert (loglinear(x) - linear(x)).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("name", ["loglinear_mamba2", "loglinear_gated_deltanet"])
 def test_max_len_fixes_the_levels_and_is_enforced(name):
     layer = make_layer(name, max_len=16, backend="torch")
-    assert layer.levels.num_levels == le.num_levels(16) == 5
+    assert layer.level_scales.num_levels == le.num_levels(16) == 5
     layer(torch.randn(1, 16, D, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"T=17.*max_len=16"):
         layer(torch.randn(1, 17, D, dtype=torch.float64))
@@ -115,20 +113,22 @@ def test_model_rejects_sequences_past_max_len():
 def test_triton_backend_refuses_what_its_kernel_does_not_compute():
     q = torch.zeros(1, 4, 1, 2)
     v = torch.zeros(1, 4, 1, 2)
-    with pytest.raises(ValueError, match="level_scales and no beta"):
-        mix(q, q, v, torch.zeros(1, 4, 1), backend="triton")  # linear, no level scales
-    with pytest.raises(ValueError, match="level_scales and no beta"):
-        mix(q, q, v, torch.zeros(1, 4, 1), torch.ones(1, 4, 1), torch.ones(1, 4, 1, 3), backend="triton")
+    with pytest.raises(ValueError, match="level_scales are needed and beta must be None"):
+        mix(q, q, v, torch.zeros(1, 4, 1), form="triton")  # linear, no level scales
+    with pytest.raises(ValueError, match="level_scales are needed and beta must be None"):
+        mix(q, q, v, torch.zeros(1, 4, 1), torch.ones(1, 4, 1), torch.ones(1, 4, 1, 3), form="triton")
 
 
 def test_backend_resolution():
     x = torch.zeros(1)
-    assert resolve_backend("auto", x, has_kernel=True) == "torch"  # CPU tensor
-    assert resolve_backend("torch", x, has_kernel=True) == "torch"
+    assert resolve_backend("auto", x, loglinear=True, beta=False) == "torch"  # CPU tensor
+    assert resolve_backend("torch", x, loglinear=True, beta=False) == "torch"
     with pytest.raises(ValueError, match="backend must be one of"):
-        resolve_backend("cuda", x, has_kernel=True)
-    with pytest.raises(ValueError, match="no Triton kernel"):
-        resolve_backend("triton", x, has_kernel=False)
+        resolve_backend("cuda", x, loglinear=True, beta=False)
+    with pytest.raises(ValueError, match="without the delta rule"):
+        resolve_backend("triton", x, loglinear=True, beta=True)
+    with pytest.raises(ValueError, match="without the delta rule"):
+        resolve_backend("triton", x, loglinear=False, beta=False)
     with pytest.raises(ValueError, match="backend must be one of"):
         SoftmaxAttention(D, backend="triton")
     with pytest.raises(ValueError, match="form must be one of"):
@@ -138,7 +138,7 @@ def test_backend_resolution():
 TRITON_ON_CPU = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@pytest.mark.skipif(not triton_form_available(), reason="loglinear_attention has no form='triton' yet")
+@pytest.mark.skipif(KERNEL_FORM not in forms(loglinear=True), reason="triton is not installed")
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_triton_backend_matches_torch(device):
     if device == "cpu" and not TRITON_ON_CPU:
@@ -155,7 +155,8 @@ def test_triton_backend_matches_torch(device):
         assert rel(g, ref[2][n]) < 5e-3, n
 
 
-@pytest.mark.skipif(not triton_form_available(), reason="loglinear_attention has no form='triton' yet")
+@pytest.mark.slow
+@pytest.mark.skipif(KERNEL_FORM not in forms(loglinear=True), reason="triton is not installed")
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_triton_backend_trains_inside_the_ensemble(device):
     """The training ensemble (vmap over members) on the Triton backend: one training step of log-linear

@@ -14,7 +14,7 @@ from loglin_edu.data.corpus import Document
 from loglin_edu.data.token_stream import build_stream
 from loglin_edu.data.tokenizer import ByteTokenizer, train_bpe
 from loglin_edu.layers import ModelConfig
-from loglin_edu.lm.training import LMTrainConfig, train_lm
+from loglin_edu.train.lm import LMTrainConfig, train_lm
 
 TEXT = "And God said, Let there be light: and there was light. And God saw the light, that it was good.\n"
 
@@ -105,7 +105,7 @@ def _ddp_worker(rank, world_size, port, folder, result_path):
                       WORLD_SIZE=str(world_size))
     torch.set_num_threads(1)
     from loglin_edu.data.token_stream import open_stream
-    from loglin_edu.lm import distributed
+    from loglin_edu.train import distributed
 
     distributed.setup("cpu")
     tok = ByteTokenizer()

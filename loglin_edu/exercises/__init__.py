@@ -14,14 +14,18 @@ from __future__ import annotations
 import inspect
 from typing import Callable
 
-from . import (ch01_softmax, ch02_linear, ch03_gated, ch04_fenwick, ch05_hmatrix, ch06_loglinear, ch07_chunk_scan,
-               ch13_language_modelling)
+from . import (
+    ch01_softmax, ch02_linear, ch03_gated, ch04_fenwick, ch05_hmatrix, ch06_loglinear, ch07_chunk_scan, ch12_decoding,
+    ch13_language_modelling,
+)
 from .checking import Exercise, Report, run
 
 EXERCISES: dict[str, Exercise] = {
     ex.name: ex
-    for module in (ch01_softmax, ch02_linear, ch03_gated, ch04_fenwick, ch05_hmatrix, ch06_loglinear, ch07_chunk_scan,
-                   ch13_language_modelling)
+    for module in (
+        ch01_softmax, ch02_linear, ch03_gated, ch04_fenwick, ch05_hmatrix, ch06_loglinear, ch07_chunk_scan,
+        ch12_decoding, ch13_language_modelling,
+    )
     for ex in module.EXERCISES
 }
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.token_stream import micro_batch_rows as package_rows
-from ..lm.evaluation import nonempty_levels as package_nonempty_levels
+from ..train.lm_measures import nonempty_levels as package_nonempty_levels
 from .checking import Case, Exercise, call, describe, tensor_cases
 
 

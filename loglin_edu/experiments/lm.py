@@ -7,8 +7,8 @@
     python -m loglin_edu.experiments.lm --tier gpu --out DIR --merge --results book/results
     torchrun --nproc_per_node 2 -m loglin_edu.experiments.lm --tier gpu --out DIR --throughput --results book/results
 
-A *run* is one architecture and one seed: :func:`~loglin_edu.lm.training.train_lm` on the prepared data, then
-the measurements of :mod:`loglin_edu.lm.evaluation` (validation perplexity, loss by position up to twice the
+A *run* is one architecture and one seed: :func:`~loglin_edu.train.lm.train_lm` on the prepared data, then
+the measurements of :mod:`loglin_edu.train.lm_measures` (validation perplexity, loss by position up to twice the
 training context, needle-in-a-haystack with one key and with several, learned λ by level, a sample). Each run
 has a folder ``DIR/runs/<model>-s<seed>`` (checkpoint, ``log.jsonl``, ``record.json`` once measured);
 ``--max-minutes`` stops training in time for the measurements and checkpoints, so a later call with the same
@@ -51,10 +51,11 @@ import torch
 from ..data.lm_data import TextData, TextSpec, prepare_text
 from ..data.token_stream import evaluation_starts
 from ..layers.model import MIXERS, ModelConfig, build_model, count_parameters
-from ..lm import distributed
-from ..lm.evaluation import generate, level_weights, needle_scores, per_position_loss, validation_loss
-from ..lm.training import LMTrainConfig, measure_throughput, train_lm
-from .mqar import LABELS, environment, git_commit, state_size
+from ..provenance import provenance, write_json
+from ..train import distributed
+from ..train.lm import LMTrainConfig, measure_throughput, train_lm
+from ..train.lm_measures import level_weights, needle_scores, per_position_loss, validation_loss
+from .mqar import LABELS, state_size
 
 MODELS = tuple(MIXERS)  # transformer, mamba2, loglinear_mamba2, gated_deltanet, loglinear_gated_deltanet
 PAIRS = (("mamba2", "loglinear_mamba2"), ("gated_deltanet", "loglinear_gated_deltanet"))
@@ -168,7 +169,7 @@ def run_dir(out: Path, model: str, seed: int) -> Path:
 
 
 def measure(model: torch.nn.Module, tier: LMTier, data: TextData) -> dict[str, Any]:
-    """The measurements of :mod:`loglin_edu.lm.evaluation` on a trained model (``tier.eval``); the validation
+    """The measurements of :mod:`loglin_edu.train.lm_measures` on a trained model (``tier.eval``); the validation
     and position losses are shared over the ranks, the rest runs on rank 0 (the others get an empty dict)."""
     spec, context, amp = tier.eval, tier.train.context, tier.train.amp
     start = time.perf_counter()
@@ -182,8 +183,9 @@ def measure(model: torch.nn.Module, tier: LMTier, data: TextData) -> dict[str, A
     multi = needle_scores(model, data.tokenizer, data.validation, num_keys=spec.multikey, **grid)
     windows = data.validation.windows(evaluation_starts(data.validation, context, spec.level_windows), context)
     levels = level_weights(model, windows.to(next(model.parameters()).device), amp=amp)
-    prompt = data.validation.window(0, 32).tolist()
-    sample = generate(model, prompt, spec.sample_tokens, temperature=0.8, seed=0, amp=amp)
+    prompt = data.validation.window(0, 32).to(next(model.parameters()).device)
+    sample = model.generate(prompt, spec.sample_tokens, temperature=0.8, seed=0)[len(prompt):].tolist()
+    prompt = prompt.tolist()
     return dict(validation=val, loss_by_position=[round(x, 5) for x in positions.tolist()], needle_single=single,
                 needle_multikey=multi, level_weights=levels, sample=dict(prompt=data.tokenizer.decode(prompt),
                                                                           continuation=data.tokenizer.decode(sample)),
@@ -205,6 +207,8 @@ def run_one(tier: LMTier, model: str, seed: int, data: TextData, out: Path, *, d
     trained, record = train_lm(config, tier.train, data.train, data.validation, seed=seed, out_dir=folder,
                                name=f"{model}-s{seed}", progress=progress, deadline=train_deadline)
     record.update(model_name=model, state_size=state_size(config))
+    record.update({k: v for k, v in record_provenance(None, str(distributed.current().device)).items()
+                   if k in ("commit", "date", "device", "versions")})
     if record["complete"]:
         record["evaluation"] = measure(trained, tier, data)
     if distributed.current().is_main:
@@ -244,15 +248,15 @@ def read_records(out: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*/record.json"))]
 
 
-def provenance(device: str, command: str | None) -> dict[str, Any]:
-    """Commit (``LOGLIN_COMMIT`` or git), command, device, library versions and date."""
-    env = environment(device)
-    for package in ("tokenizers", "numpy"):
-        try:
-            env[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            env[package] = None
-    return dict(commit=os.environ.get("LOGLIN_COMMIT") or git_commit(), command=command, environment=env)
+def record_provenance(command: str | None, device: str) -> dict[str, Any]:
+    """:func:`~loglin_edu.provenance.provenance` (command, commit, date, device, versions), with the tokenizer
+    library's version."""
+    found = provenance(command, device)
+    try:
+        found["versions"]["tokenizers"] = importlib.metadata.version("tokenizers")
+    except importlib.metadata.PackageNotFoundError:
+        found["versions"]["tokenizers"] = "not installed"
+    return found
 
 
 def compare_pair(runs: list[dict[str, Any]], model: str, baseline: str) -> dict[str, Any]:
@@ -300,7 +304,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def merge(name: str, tier: LMTier, out: Path, *, results: Path | None = None, command: str | None = None,
           device: str | None = None) -> dict[str, Any]:
     """One results record from the run folders under ``out`` and the runs of an earlier ``results/lm_<name>.json``
-    (a run found in both: the one under ``out``). Written to ``results/lm_<name>.json`` when ``results`` is given."""
+    (a run found in both: the one under ``out``). Written to ``results/lm_<name>.json`` when ``results`` is given.
+    The record's provenance is the merge's; each run keeps its own commit, date, device and versions."""
     found = {(r["model_name"], r["seed"]): r for r in read_records(out)}
     earlier_path = None if results is None else results / f"lm_{name}.json"
     earlier = json.loads(earlier_path.read_text()) if earlier_path is not None and earlier_path.exists() else None
@@ -313,17 +318,15 @@ def merge(name: str, tier: LMTier, out: Path, *, results: Path | None = None, co
         data = prepare_text(tier.text, out / "data").describe()
     data = data if data is not None else (earlier or {}).get("data")
     vocab = data["vocab_size"] if data else tier.text.vocab_size
-    result = dict(tier=name, **provenance(device or ("cuda" if torch.cuda.is_available() else "cpu"), command),
-                  data=data,
-                  text=asdict(tier.text), train=tier.train.to_dict(), eval=asdict(tier.eval),
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    result = dict(tier=name, **record_provenance(command, device), data=data, text=asdict(tier.text), train=tier.train.to_dict(), eval=asdict(tier.eval),
                   models={m: model_config(tier, m, vocab).to_dict() for m in tier.models},
                   runs=done, incomplete=sorted(f"{m}-s{s}" for (m, s), r in runs.items() if r not in done),
                   summary=summarize(done))
     if earlier is not None and earlier.get("commit") not in (None, result["commit"]):
         result["earlier_commits"] = sorted(set(earlier.get("earlier_commits", []) + [earlier["commit"]]))
     if results is not None:
-        results.mkdir(parents=True, exist_ok=True)
-        (results / f"lm_{name}.json").write_text(json.dumps(result, indent=1))
+        write_json(results / f"lm_{name}.json", result)
     return result
 
 
@@ -356,12 +359,11 @@ def throughput(name: str, tier: LMTier, out: Path, *, models: tuple[str, ...], s
                   f"{multi['tokens_per_second']:>10,.0f} tok/s   efficiency {rows[-1]['efficiency']:.2f}", flush=True)
     if not world.is_main:
         return None
-    result = dict(tier=name, **provenance(str(world.device), command), gpus=world.size, per_gpu_batch=per_gpu,
+    result = dict(tier=name, **record_provenance(command, str(world.device)), gpus=world.size, per_gpu_batch=per_gpu,
                   context=tier.train.context, amp=tier.train.amp, compile=tier.train.compile, steps=steps,
                   warmup=warmup, models=rows)
     if results is not None:
-        results.mkdir(parents=True, exist_ok=True)
-        (results / "lm_ddp_scaling.json").write_text(json.dumps(result, indent=1))
+        write_json(results / "lm_ddp_scaling.json", result)
     return result
 
 

@@ -1,4 +1,5 @@
-"""Static figures of the book: masks, level tables, buckets, the binary counter, H-matrix blocks, chunk stages.
+"""Static figures of the book: masks, level tables, buckets, the binary counter, H-matrix blocks, chunk stages,
+decoding measurements.
 
 Every function draws on a matplotlib ``Axes`` (a new figure when ``ax`` is None) and returns that ``Axes``.
 Matrices are drawn with the key position ``s`` across and the query position ``t`` down, like ``M[t, s]``.
@@ -31,7 +32,7 @@ def _axes(ax, size=(4.5, 4.0)):
     return ax
 
 
-def _label_positions(ax):
+def label_positions(ax):
     """Integer ticks and the ``s`` across / ``t`` down labels of every ``M[t, s]`` picture."""
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -57,7 +58,7 @@ def draw_matrix(
     image = ax.imshow(values, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
     if colorbar:
         ax.figure.colorbar(image, ax=ax, shrink=0.8)
-    _label_positions(ax)
+    label_positions(ax)
     if title:
         ax.set_title(title)
     return ax
@@ -82,7 +83,7 @@ def draw_levels(seq_len: int, ax=None, *, query: int | None = None, numbers: boo
                 ax.text(s, t, int(levels[t, s]), ha="center", va="center", fontsize=7, color="white")
     if query is not None:
         ax.add_patch(Rectangle((-0.5, query - 0.5), seq_len, 1, fill=False, lw=2, ec="black"))
-    _label_positions(ax)
+    label_positions(ax)
     ax.set_title(f"level(t, s), T = {seq_len}")
     return ax
 
@@ -214,7 +215,7 @@ def draw_stages(seq_len: int, chunk_size: int, ax=None, *, upto: int | None = No
     for edge in range(chunk_size, seq_len, chunk_size):
         ax.axhline(edge - 0.5, color="white", lw=0.6)
         ax.axvline(edge - 0.5, color="white", lw=0.6)
-    _label_positions(ax)
+    label_positions(ax)
     ax.set_title(f"chunk-scan stage, T = {seq_len}, C = {chunk_size}")
     return ax
 
@@ -230,4 +231,21 @@ def draw_series(lengths, series: dict[str, list[float]], ax=None, *, ylabel: str
         ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
+    return ax
+
+
+def draw_decode_results(result: dict, quantity: str, batch: int, ax=None, *, names=None):
+    """One panel of a decode benchmark's results (:mod:`loglin_edu.bench.decode`): ``quantity`` (``"step_ms"``
+    or ``"state_bytes"``) against the context for every implementation, at batch ``batch``; a row without the
+    quantity (a skipped KV cache) leaves a gap."""
+    rows = [r for r in result["rows"] if r["batch"] == batch]
+    contexts = sorted({r["context"] for r in rows})
+    names = names or list(dict.fromkeys(r["name"] for r in rows))
+    series = {}
+    for name in names:
+        by_context = {r["context"]: r.get(quantity) for r in rows if r["name"] == name}
+        series[name] = [np.nan if by_context.get(T) is None else by_context[T] for T in contexts]
+    label = {"step_ms": "ms per token (one layer's step)", "state_bytes": "bytes of decoding state"}[quantity]
+    ax = draw_series(contexts, series, ax, ylabel=label, title=f"batch {batch}")
+    ax.set_xlabel("context T (tokens)")
     return ax

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 from torch.utils.flop_counter import FlopCounterMode
+
+from ..timing import median_ms
 
 
 def matmul_flops(fn: Callable) -> int:
@@ -16,10 +17,5 @@ def matmul_flops(fn: Callable) -> int:
 
 
 def median_seconds(fn: Callable, repeats: int = 3) -> float:
-    """Median wall-clock seconds of ``repeats`` calls of ``fn()`` (CPU; synchronise first for a GPU)."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+    """Median wall-clock seconds of ``repeats`` calls of ``fn()`` on the CPU (:func:`~loglin_edu.timing.median_ms`)."""
+    return median_ms(fn, repeats=repeats, warmup=0) / 1e3

@@ -25,7 +25,6 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -36,9 +35,10 @@ from tqdm import tqdm
 
 from ..data.token_stream import TokenStream, check_fits, training_batch
 from ..layers.model import ModelConfig, build_model, count_parameters
-from ..train import Member, lr_factor, make_optimizer, save_atomic
 from . import distributed
-from .evaluation import autocast, validation_loss
+from .checkpoint import append_log, keep_log_until, load_checkpoint, save_atomic
+from .lm_measures import autocast, validation_loss
+from .schedule import lr_factor, make_optimizer, set_learning_rates
 
 
 @dataclass
@@ -89,16 +89,6 @@ def check_tokenizer(saved: dict, fingerprint: str, vocab_size: int, path: Path) 
         )
 
 
-def keep_log_until(log_path: Path, step: int) -> list[dict]:
-    """Drop log lines after ``step`` (work the checkpoint does not hold); returns the lines kept."""
-    if not log_path.exists():
-        return []
-    lines = [json.loads(line) for line in log_path.read_text().splitlines() if line]
-    kept = [line for line in lines if line["step"] <= step]
-    log_path.write_text("".join(json.dumps(line) + "\n" for line in kept))
-    return kept
-
-
 def train_lm(
     model_config: ModelConfig,
     config: LMTrainConfig,
@@ -133,14 +123,14 @@ def train_lm(
     micro_steps = config.accumulation(world.size)
 
     model = build_model(model_config, seed=seed).to(device)
-    optimizer = make_optimizer(SimpleNamespace(members=[model]), [Member(seed, config.lr)], config)
+    optimizer = make_optimizer([model], [config.lr], config.weight_decay, config.betas)
     out = Path(out_dir) if out_dir is not None else None
     log_path = out / "log.jsonl" if out else None
     ckpt_path = out / "checkpoint.pt" if out else None
     start, seconds, history = 0, 0.0, []
     loss_sum, loss_steps = torch.zeros((), device=device), 0  # training loss since the last evaluation
-    if ckpt_path is not None and ckpt_path.exists():
-        state = torch.load(ckpt_path, map_location=device, weights_only=False)
+    state = load_checkpoint(ckpt_path, device) if ckpt_path is not None else None
+    if state is not None:
         check_tokenizer(state, fingerprint, vocab, ckpt_path)
         if state["model"] != model_config.to_dict() or state["config"] != config.to_dict() or state["seed"] != seed:
             raise ValueError(f"{ckpt_path} belongs to another run (model, training settings or seed differ): "
@@ -201,9 +191,8 @@ def train_lm(
                         train_loss=global_loss_sum() / loss_steps, val_loss=val["loss"],
                         val_perplexity=val["perplexity"], seconds=round(seconds, 3), world_size=world.size)
             history.append(line)
-            if log_path is not None and world.is_main:
-                with log_path.open("a") as f:
-                    f.write(json.dumps(line) + "\n")
+            if world.is_main:
+                append_log(log_path, [line])
             loss_sum, loss_steps = torch.zeros((), device=device), 0
             checkpoint(done)
             tick = time.perf_counter()
@@ -235,8 +224,7 @@ def optimizer_step(runner: nn.Module, ddp: DistributedDataParallel | None, model
     """One optimiser step on this rank's share of the global batch of ``step`` (module docstring); returns this
     rank's mean loss (detached). runner: what runs the forward pass (the model, its DDP wrapper, or either
     compiled); ddp: the DDP wrapper or None; lr_scale: the schedule's factor."""
-    for group in optimizer.param_groups:
-        group["lr"] = group["base_lr"] * lr_scale
+    set_learning_rates(optimizer, lr_scale)
     optimizer.zero_grad(set_to_none=True)
     step_loss = torch.zeros((), device=world.device)
     for micro in range(micro_steps):
@@ -266,7 +254,7 @@ def measure_throughput(model_config: ModelConfig, config: LMTrainConfig, stream:
     world = group if parallel else distributed.World(0, 1, group.device)
     micro_steps = config.accumulation(world.size)
     model = build_model(model_config, seed=seed).to(world.device)
-    optimizer = make_optimizer(SimpleNamespace(members=[model]), [Member(seed, config.lr)], config)
+    optimizer = make_optimizer([model], [config.lr], config.weight_decay, config.betas)
     runner, ddp = wrap(model, world, config.compile)
 
     def sync() -> None:

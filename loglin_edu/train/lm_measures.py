@@ -11,8 +11,6 @@
   when greedy decoding writes the right number. ``choice``: the right number has the highest total
   log-probability among ``choices`` candidates (chance ``1 / choices``) — a graded signal for models too
   small to write seven digits right.
-- :func:`generate`: a sample continuation (temperature sampling, or greedy at temperature 0), re-reading the
-  whole sequence for every new token — slow, but every model runs it the same way.
 - :func:`level_weights`: the learned λ of each log-linear layer, averaged by head and Fenwick level over the
   positions where that level's bucket is non-empty (bucket ℓ ≥ 1 of query t exists iff bit ℓ−1 of t is set).
 """
@@ -174,26 +172,3 @@ def level_weights(model: nn.Module, tokens: torch.Tensor, amp: bool = False) -> 
         result.append(torch.where(count > 0, total / count.clamp(min=1), torch.nan).cpu().tolist())
     return result
 
-
-@torch.no_grad()
-def generate(model: nn.Module, prompt: Sequence[int], new_tokens: int, *, temperature: float = 0.8, seed: int = 0,
-             amp: bool = False) -> list[int]:
-    """``new_tokens`` tokens continuing ``prompt`` (module docstring); never longer than the model's max_len.
-    temperature 0: greedy."""
-    max_len = model.config.max_len if hasattr(model, "config") else None
-    device = next(model.parameters()).device
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    tokens = list(prompt)
-    was_training = model.training
-    model.eval()
-    for _ in range(new_tokens):
-        window = tokens[-max_len:] if max_len else tokens
-        with autocast(device, amp):
-            logits = model(torch.tensor([window], device=device))[0, -1].float().cpu()
-        if temperature == 0:
-            nxt = int(logits.argmax())
-        else:
-            nxt = int(torch.multinomial((logits / temperature).softmax(-1), 1, generator=gen))
-        tokens.append(nxt)
-    model.train(was_training)
-    return tokens[len(prompt):]

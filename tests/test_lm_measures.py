@@ -14,7 +14,7 @@ from loglin_edu.data.token_stream import build_stream, evaluation_starts
 from loglin_edu.data.tokenizer import ByteTokenizer, train_bpe
 from loglin_edu.fenwick import bucket
 from loglin_edu.layers import ModelConfig, build_model
-from loglin_edu.lm.evaluation import (level_weights, needle_scores, nonempty_levels, per_position_loss, score_prompt,
+from loglin_edu.train.lm_measures import (level_weights, needle_scores, nonempty_levels, per_position_loss, score_prompt,
                                       smooth_by_log_position, validation_loss)
 
 PROSE = ("In the beginning God created the heaven and the earth. And the earth was without form, and void. "
@@ -134,7 +134,7 @@ def test_level_weights_average_over_nonempty_buckets():
 
 def test_the_exercise_loss_by_position_is_the_package_measurement(stream):
     from loglin_edu.exercises.ch13_language_modelling import loss_by_position
-    from loglin_edu.lm.evaluation import token_losses
+    from loglin_edu.train.lm_measures import token_losses
 
     model = tiny()
     tokens = stream.windows(evaluation_starts(stream, 13, 3), 13)
