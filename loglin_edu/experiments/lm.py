@@ -74,7 +74,7 @@ class EvalSpec:
     task; level_windows: windows of one context over which λ is averaged; sample_tokens: length of the sample."""
 
     windows: int = 64
-    position_windows: int = 32
+    position_windows: int = 64
     needle_lengths: tuple[int, ...] = (512, 1024, 2048, 4096)
     needle_depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
     needle_samples: int = 4
@@ -114,7 +114,7 @@ TIERS: dict[str, LMTier] = {
         text=TextSpec(vocab_size=4096, max_document_chars=8000),
         train=LMTrainConfig(steps=100, batch_size=8, context=128, lr=3e-3, warmup_steps=10, eval_every=20,
                             eval_windows=16, eval_batch_size=8, amp=False),
-        eval=EvalSpec(windows=32, position_windows=64, needle_lengths=(256,), needle_depths=(0.0, 0.5, 1.0),
+        eval=EvalSpec(windows=32, position_windows=96, needle_lengths=(256,), needle_depths=(0.0, 0.5, 1.0),
                       needle_samples=2, needle_choices=4, multikey=3, level_windows=4, sample_tokens=32),
         d_model=128, n_layers=2, d_state=8, head_dim=64, gdn_heads=2, chunk_size=32, eval_reserve_s=10.0,
     ),
@@ -141,7 +141,7 @@ def mixer_settings(model: str, tier: LMTier) -> tuple[dict[str, Any], int]:
         key_width = 3 * d // 4
         if key_width % tier.gdn_heads:
             raise ValueError(f"¾·d_model={key_width} must split into gdn_heads={tier.gdn_heads} heads")
-        return dict(num_heads=tier.gdn_heads, head_dim=key_width // tier.gdn_heads, expand_v=2, backend=tier.backend,
+        return dict(num_heads=tier.gdn_heads, key_dim=key_width // tier.gdn_heads, expand_v=2, backend=tier.backend,
                     chunk_size=tier.chunk_size), 3
     raise ValueError(f"model must be one of {MODELS}, got {model!r}")
 
