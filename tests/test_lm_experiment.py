@@ -129,3 +129,16 @@ def test_cli_under_two_gloo_ranks_trains_measures_and_scales(tmp_path):
                     "--results", str(results)]
     mp.start_processes(_rank, args=(_free_port(), tmp_path / "books", scale), nprocs=2, join=True, start_method="spawn")
     assert json.loads((results / "lm_ddp_scaling.json").read_text())["gpus"] == 2
+
+
+@pytest.mark.slow
+def test_parallel_runs_on_one_device(tmp_path):
+    """--jobs: each run in its own worker process (sharing the prepared data), then one merged results file."""
+    books = tmp_path / "books"
+    tiny_tier(books)
+    out, results = tmp_path / "out", tmp_path / "results"
+    lm.main(["--tier", "cpu", "--corpus", f"files:{books}", "--steps", "2", "--models", "transformer,mamba2",
+             "--jobs", "2", "--out", str(out), "--results", str(results), "--no-progress"])
+    result = json.loads((results / "lm_cpu.json").read_text())
+    assert [r["model_name"] for r in result["runs"]] == ["transformer", "mamba2"] and not result["incomplete"]
+    assert all((out / "runs" / f"{m}-s0" / "stdout.txt").exists() for m in ("transformer", "mamba2"))
