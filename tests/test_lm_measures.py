@@ -11,7 +11,7 @@ from torch import nn
 from loglin_edu.data.corpus import Document
 from loglin_edu.data.needles import needle_prompt, needle_sentence, question
 from loglin_edu.data.token_stream import build_stream, evaluation_starts
-from loglin_edu.data.tokenizer import ByteTokenizer, train_bpe
+from loglin_edu.data.tokenizer import ByteTokenizer
 from loglin_edu.fenwick import bucket
 from loglin_edu.layers import ModelConfig, build_model
 from loglin_edu.train.lm_measures import (level_weights, needle_scores, nonempty_levels, per_position_loss, score_prompt,

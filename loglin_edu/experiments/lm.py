@@ -3,6 +3,7 @@
     python -m loglin_edu.experiments.lm --tier cpu --out DIR               # end to end on a CPU, about a minute
     python -m loglin_edu.experiments.lm --tier gpu --out DIR --prepare     # corpus -> tokenizer -> token streams
     python -m loglin_edu.experiments.lm --tier gpu --out DIR --max-minutes 9 --models mamba2 --seeds 0
+    python -m loglin_edu.experiments.lm --tier gpu --out DIR --max-minutes 9 --jobs 5   # 5 runs at once, one GPU
     torchrun --nproc_per_node 2 -m loglin_edu.experiments.lm --tier gpu --out DIR    # the same runs, DDP
     python -m loglin_edu.experiments.lm --tier gpu --out DIR --merge --results book/results
     torchrun --nproc_per_node 2 -m loglin_edu.experiments.lm --tier gpu --out DIR --throughput --results book/results
@@ -15,10 +16,12 @@ has a folder ``DIR/runs/<model>-s<seed>`` (checkpoint, ``log.jsonl``, ``record.j
 arguments resumes: long runs go in pieces. ``--merge`` gathers the records into one results file
 (``lm_<tier>.json``, with the command, commit, device, library versions and date); ``--throughput`` measures
 training tokens per second on one GPU and on every GPU of the ``torchrun`` group (``lm_ddp_scaling.json``).
+A prepared ``DIR/data`` is all the other steps read: prepare it where the corpus packages are installed, and
+a machine without them trains from a copy of the folder.
 
 Models (:func:`mixer_settings`): one block for all — pre-norm, MLP, RMSNorm, tied embeddings — with the
-parameter counts matched within 5 %: softmax attention (heads of 64, RoPE) has an MLP of 4·d; the recurrent
-mixers, which hold about twice attention's 4·d² projection weights, an MLP of 3·d. Mamba-2: expand 2, one
+parameter counts matched within 5 %: softmax attention (heads of 64, RoPE; 4·d² projection weights) has an
+MLP of 4·d, the recurrent mixers (about 6·d² projection weights) an MLP of 3·d. Mamba-2: expand 2, one
 group; Gated DeltaNet: key width ¾·d over all heads, value width twice that. Every model accepts twice the
 training context (``max_len``), for the loss-by-position and needle measurements beyond it.
 
@@ -42,7 +45,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -319,7 +322,8 @@ def merge(name: str, tier: LMTier, out: Path, *, results: Path | None = None, co
     data = data if data is not None else (earlier or {}).get("data")
     vocab = data["vocab_size"] if data else tier.text.vocab_size
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    result = dict(tier=name, **record_provenance(command, device), data=data, text=asdict(tier.text), train=tier.train.to_dict(), eval=asdict(tier.eval),
+    result = dict(tier=name, **record_provenance(command, device), data=data, text=asdict(tier.text),
+                  train=tier.train.to_dict(), eval=asdict(tier.eval),
                   models={m: model_config(tier, m, vocab).to_dict() for m in tier.models},
                   runs=done, incomplete=sorted(f"{m}-s{s}" for (m, s), r in runs.items() if r not in done),
                   summary=summarize(done))
