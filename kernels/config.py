@@ -123,9 +123,6 @@ DELTA_PRECISIONS = ("fast", "exact")
 the level states and their gradients) is fp32 in both; the ``C × C`` triangular solve always runs in tf32x3.
 fp32 and fp64 calls multiply exactly (``"ieee"``)."""
 
-MAX_KEY = 2 * MAX_BLOCK  # the delta rule couples every key column: K is held whole, in at most two tiles
-
-
 def key_tiles(K: int, widest: int = MAX_BLOCK) -> tuple[int, int]:
     """``(BK1, BK2)``: the key dimension as a first tile of at most ``widest`` columns and a second tile for
     the rest (``BK2 = 0``: one tile). ``K = 192`` gives ``(128, 64)``, ``K = 256`` gives ``(128, 128)``."""

@@ -358,7 +358,7 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
     ``(dq, dk, dv, dlam, dbeta, dgc)``.
 
     Inputs as the forward's (``chunks``, ``states`` what it returned), do: ``[B, T, H, V]``. dq, dk are shaped
-    like q, k (summed over heads when shared); dbeta: ``[B, T, H]``; dgc: ``[B, H, N·C]`` (fp32) is the gradient of
+    like q, k (summed over heads when shared); dbeta: ``[B, T, H]`` (fp32); dgc: ``[B, H, N·C]`` (fp32) is the gradient of
     the within-chunk cumulative decay. ``grads`` may hold preallocated ``"dv"`` and ``"dlam"`` (zeroed), any
     strides with the last dimension contiguous.
     """
@@ -411,7 +411,7 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
     )
     if Hk == 1:
         dq, dk = dq.sum(2, keepdim=True), dk.sum(2, keepdim=True)
-    dbeta = d_beta[:, :, :T].transpose(1, 2).to(v.dtype)
+    dbeta = d_beta[:, :, :T].transpose(1, 2)
     return dq.to(q.dtype), dk.to(k.dtype), dv, dlam, dbeta, d_gc
 
 
