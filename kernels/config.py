@@ -142,20 +142,26 @@ class DeltaLaunchConfig:
 
     key_tile: widest tile of the key dimension (``K`` up to twice this, split by :func:`key_tiles`);
     value_tile: ``BV``, the value columns one walk program carries (``V`` is cut into tiles of it);
-    num_warps: warps per program of the per-chunk kernels; walk_warps: of the level walks;
+    grad_value_tile: the value tile of the level gradients (step 8), at most ``value_tile``;
+    num_warps: warps per program of the per-chunk kernels; walk_warps: of the level walks (forward and
+    backward); grad_warps: of the level gradients; num_stages: software-pipelining stages of every loop
+    (1: none; more prefetch the next chunk's factors but need shared memory for each stage);
     precision: a rung of :data:`DELTA_PRECISIONS` for fp16/bf16 calls.
     """
 
     key_tile: int = MAX_BLOCK
     value_tile: int = 64
+    grad_value_tile: int = 32
     num_warps: int = 4
-    walk_warps: int = 4
+    walk_warps: int = 8
+    grad_warps: int = 8
+    num_stages: int = 1
     precision: str = "fast"
 
     def __post_init__(self) -> None:
         if self.precision not in DELTA_PRECISIONS:
             raise ValueError(f"precision must be one of {DELTA_PRECISIONS}, got {self.precision!r}")
-        for name in ("key_tile", "value_tile"):
+        for name in ("key_tile", "value_tile", "grad_value_tile"):
             width = getattr(self, name)
             if width < 16 or width & (width - 1):
                 raise ValueError(f"{name} must be a power of two >= 16, got {width}")

@@ -178,6 +178,6 @@ def delta_chunks(q, k, v, beta, log_decay, chunk_size: int = 64,
         q, k, v, beta_c, gc, out.t_beta, out.intra, out.w, out.query, out.u, T, N, H, K, V,
         q.stride(0), q.stride(1), 0 if Hk == 1 else q.stride(2), v.stride(0), v.stride(1), v.stride(2),
         C=chunk_size, BK1=BK1, BK2=BK2, BV=BV, NV=NV, IP=dot_precision(q.dtype, config.precision),
-        IPS=solve_precision(q.dtype), num_warps=config.num_warps,
+        IPS=solve_precision(q.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out

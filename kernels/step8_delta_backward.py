@@ -118,16 +118,18 @@ def level_grad_kernel(
     dquery_ptr, dw_ptr, dkt_ptr, du_ptr, dgamma_ptr, dlam_ptr,
     T, N, H, K, V, L, n_levels, NX,
     skb, skt, skh, slb, slt, slh, sdob, sdot, sdoh, sdlb, sdlt, sdlh,
-    C: tl.constexpr, C_LOG: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BK2P: tl.constexpr,
-    BV: tl.constexpr, NV: tl.constexpr, BL: tl.constexpr, IP: tl.constexpr,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr,
+    VP: tl.constexpr, BL: tl.constexpr, OWN: tl.constexpr, IP: tl.constexpr,
 ):
-    """Grid ``(N, B·H)``. Writes, for chunk ``i_c``: dquery, dw, dkt ``[B, H, N·C, BK1 + BK2]``, du ``[B, H, N·C,
-    NV·BV]`` (fp32), dgamma ``[B, H, N]`` (the gradient of ``γ_C``) and dlam's chunk-level columns."""
+    """Grid ``(N, B·H)``. Writes, for chunk ``i_c``, the key tile ``OWN`` (0: columns ``0..BK1``, 1: the next
+    ``BK2``) of dquery, dw, dkt ``[B, H, N·C, BK1 + BK2]`` (fp32); with ``OWN = 0`` also du ``[B, H, N·C, VP]``, dgamma
+    ``[B, H, N]`` (the gradient of ``γ_C``) and dlam's chunk-level columns. Products over all of K (``K̃ D``,
+    ``W S``, ``query X``) use both tiles; only the accumulated outputs are split, so a launch per tile holds
+    three ``[C, BK]`` accumulators."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     rc, r1, cols = tl.arange(0, C), tl.arange(0, BK1), tl.arange(0, BL)
     KP: tl.constexpr = BK1 + BK2
-    VP: tl.constexpr = NV * BV
     t = i_c * C + rc
     base = i_bh.to(tl.int64) * N * C
     rows = base + t
@@ -135,81 +137,81 @@ def level_grad_kernel(
     do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh
     x_ptr += i_bh.to(tl.int64) * NX * KP * VP
     d_ptr += (i_bh.to(tl.int64) * N + i_c) * n_levels * KP * VP
-    decay, kt1, kt2, w1, w2 = load_transition(k_ptr, skt, w_ptr, gc_ptr, t, rows, base + i_c * C + C - 1, T, K, BK1, BK2)
-    lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + i_h * slh, slt, t, T, L, BL, decay.dtype)
-    query1 = load_rows(query_ptr, KP, rows, r1)
-    dquery1 = tl.zeros((C, BK1), dtype=decay.dtype)
-    dw1 = tl.zeros((C, BK1), dtype=decay.dtype)
-    dkt1 = tl.zeros((C, BK1), dtype=decay.dtype)
-    r2 = BK1 + tl.arange(0, BK2P)
-    if BK2 > 0:
-        query2 = load_rows(query_ptr, KP, rows, r2)
+    last = base + i_c * C + C - 1
+    lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + i_h * slh, slt, t, T, L, BL, gc_ptr.dtype.element_ty)
+    if OWN == 0:
+        r_own = r1
     else:
-        query2 = query1
-    dquery2 = tl.zeros((C, BK2P), dtype=decay.dtype)
-    dw2 = tl.zeros((C, BK2P), dtype=decay.dtype)
-    dkt2 = tl.zeros((C, BK2P), dtype=decay.dtype)
-    dgamma = tl.sum(tl.zeros((C,), dtype=decay.dtype), 0)
-    dlam = tl.zeros((C, BL), dtype=decay.dtype)
+        r_own = BK1 + tl.arange(0, BK2)
+    if BK2 > 0:
+        r2 = BK1 + tl.arange(0, BK2)
+    d_query = tl.zeros((C, r_own.shape[0]), dtype=lam.dtype)
+    d_w = tl.zeros((C, r_own.shape[0]), dtype=lam.dtype)
+    d_kt = tl.zeros((C, r_own.shape[0]), dtype=lam.dtype)
+    d_gamma = tl.sum(tl.zeros((C,), dtype=lam.dtype), 0)
+    dlam = tl.zeros((C, BL), dtype=lam.dtype)
     first = tl.load(first_ptr + i_c)
-    for i_v in range(NV):
+    for i_v in range(VP // BV):
         rv = i_v * BV + tl.arange(0, BV)
-        do = load_tile(do_ptr, sdot, t, T, rv, V).to(decay.dtype)
-        u = load_rows(u_ptr, VP, rows, rv)
-        du = tl.zeros((C, BV), dtype=decay.dtype)
-        z1 = tl.zeros((BK1, BV), dtype=decay.dtype)  # Z: the lower buckets' states, the left-half state
-        z2 = tl.zeros((BK2P, BV), dtype=decay.dtype)
+        do = load_tile(do_ptr, sdot, t, T, rv, V).to(lam.dtype)
+        du = tl.zeros((C, BV), dtype=lam.dtype)
+        z1 = tl.zeros((BK1, BV), dtype=lam.dtype)  # Z: the lower buckets' states, the left-half state
+        if BK2 > 0:
+            z2 = tl.zeros((BK2, BV), dtype=lam.dtype)
         slot = first
         for level in range(1, n_levels + 1):
             read = ((i_c >> (level - 1)) & 1) == 1
             if ((i_c >> level) << level) + (1 << (level - 1)) < N:  # this level's walk passes through chunk i_c
-                d1 = tl.load(d_ptr + (level - 1) * KP * VP + r1[:, None] * VP + rv[None, :])
+                adjoint = d_ptr + (level - 1) * KP * VP + rv[None, :]
+                states = x_ptr + slot.to(tl.int64) * KP * VP + rv[None, :]
+                decay, kt1, kt2, w1, w2 = load_transition(k_ptr, skt, w_ptr, gc_ptr, t, rows, last, T, K, BK1, BK2)
+                d1 = tl.load(adjoint + r1[:, None] * VP)
                 e = tl.dot(kt1, d1, input_precision=IP)
-                if BK2 > 0:
-                    d2 = tl.load(d_ptr + (level - 1) * KP * VP + r2[:, None] * VP + rv[None, :])
-                    e += tl.dot(kt2, d2, input_precision=IP)
                 s1 = z1  # the left half of the block: the state is Z, and the chunk writes U₀ ...
-                s2 = z2
+                if BK2 > 0:
+                    d2 = tl.load(adjoint + r2[:, None] * VP)
+                    e += tl.dot(kt2, d2, input_precision=IP)
+                    s2 = z2
                 if read:  # ... the right half: the state is the stored read state X, and nothing is written
-                    states = x_ptr + slot.to(tl.int64) * KP * VP + rv[None, :]
                     s1 = tl.load(states + r1[:, None] * VP)
-                    lam_level = level_column(lam, C_LOG + level, BL)[:, None]
-                    dquery1 += lam_level * tl.dot(do, tl.trans(s1), input_precision=IP)
-                    x_read = tl.dot(query1, s1, input_precision=IP)
+                    x_read = tl.dot(load_rows(query_ptr, KP, rows, r1), s1, input_precision=IP)
                     if BK2 > 0:
                         s2 = tl.load(states + r2[:, None] * VP)
-                        dquery2 += lam_level * tl.dot(do, tl.trans(s2), input_precision=IP)
-                        x_read += tl.dot(query2, s2, input_precision=IP)
+                        x_read += tl.dot(load_rows(query_ptr, KP, rows, r2), s2, input_precision=IP)
+                    s_own = tl.load(states + r_own[:, None] * VP)
+                    d_query += level_column(lam, C_LOG + level, BL)[:, None] * tl.dot(do, tl.trans(s_own),
+                                                                                        input_precision=IP)
                     dlam = tl.where(cols[None, :] == C_LOG + level, dlam + tl.sum(do * x_read, 1)[:, None], dlam)
                 writes = tl.where(read, 0.0, 1.0)
-                pseudo = u * writes - tl.dot(w1, s1, input_precision=IP)
+                pseudo = load_rows(u_ptr, VP, rows, rv) * writes - tl.dot(w1, s1, input_precision=IP)
                 if BK2 > 0:
                     pseudo -= tl.dot(w2, s2, input_precision=IP)
-                du += e * writes
-                dw1 -= tl.dot(e, tl.trans(s1), input_precision=IP)
-                dkt1 += tl.dot(pseudo, tl.trans(d1), input_precision=IP)
-                dgamma += tl.sum(tl.sum(d1 * s1, 1), 0)
-                if BK2 > 0:
-                    dw2 -= tl.dot(e, tl.trans(s2), input_precision=IP)
-                    dkt2 += tl.dot(pseudo, tl.trans(d2), input_precision=IP)
-                    dgamma += tl.sum(tl.sum(d2 * s2, 1), 0)
+                if OWN == 0:
+                    d_w -= tl.dot(e, tl.trans(s1), input_precision=IP)
+                    d_kt += tl.dot(pseudo, tl.trans(d1), input_precision=IP)
+                    du += e * writes
+                    d_gamma += tl.sum(tl.sum(d1 * s1, 1), 0)
+                    if BK2 > 0:
+                        d_gamma += tl.sum(tl.sum(d2 * s2, 1), 0)
+                else:
+                    d_w -= tl.dot(e, tl.trans(s2), input_precision=IP)
+                    d_kt += tl.dot(pseudo, tl.trans(d2), input_precision=IP)
                 if read:
                     z1 += s1
                     if BK2 > 0:
                         z2 += s2
                     slot += 1
-        store_rows(du_ptr, VP, rows, rv, du)
-    store_rows(dquery_ptr, KP, rows, r1, dquery1)
-    store_rows(dw_ptr, KP, rows, r1, dw1)
-    store_rows(dkt_ptr, KP, rows, r1, dkt1)
-    if BK2 > 0:
-        store_rows(dquery_ptr, KP, rows, r2, dquery2)
-        store_rows(dw_ptr, KP, rows, r2, dw2)
-        store_rows(dkt_ptr, KP, rows, r2, dkt2)
-    tl.store(dgamma_ptr + i_bh.to(tl.int64) * N + i_c, dgamma)
-    mask = (t[:, None] < T) & (cols[None, :] > C_LOG) & (cols[None, :] < L)
-    dlam_ptr += i_b.to(tl.int64) * sdlb + i_h * sdlh
-    tl.store(dlam_ptr + t[:, None].to(tl.int64) * sdlt + cols[None, :], dlam.to(dlam_ptr.dtype.element_ty), mask=mask)
+        if OWN == 0:
+            store_rows(du_ptr, VP, rows, rv, du)
+    store_rows(dquery_ptr, KP, rows, r_own, d_query)
+    store_rows(dw_ptr, KP, rows, r_own, d_w)
+    store_rows(dkt_ptr, KP, rows, r_own, d_kt)
+    if OWN == 0:
+        tl.store(dgamma_ptr + i_bh.to(tl.int64) * N + i_c, d_gamma)
+        mask = (t[:, None] < T) & (cols[None, :] > C_LOG) & (cols[None, :] < L)
+        dlam_ptr += i_b.to(tl.int64) * sdlb + i_h * sdlh
+        tl.store(dlam_ptr + t[:, None].to(tl.int64) * sdlt + cols[None, :], dlam.to(dlam_ptr.dtype.element_ty),
+                 mask=mask)
 
 
 @triton.jit
@@ -371,6 +373,7 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
     BK1, BK2 = key_tiles(K, config.key_tile)
     BV, NV = value_tiles(V, config)
     KP, VP = BK1 + BK2, NV * BV
+    BVG = min(BV, config.grad_value_tile)  # the level gradients' value tile (it divides BV)
     C_LOG = chunk_size.bit_length() - 1
     IP = dot_precision(q.dtype, config.precision)
     sqh = 0 if Hk == 1 else q.stride(2)
@@ -384,19 +387,20 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
             k, chunks.w, chunks.query, chunks.gc, level_scales, do, adjoints, walks, T, N, H, K, V, L, n_levels,
             k.stride(0), k.stride(1), sqh, *lam_strides, *do_strides,
             C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BK2P=max(BK2, 16), BV=BV, VP=VP, IP=IP,
-            num_warps=config.walk_warps,
+            num_warps=config.walk_warps, num_stages=config.num_stages,
         )
     d_query, d_w, d_kt = new(B, H, N * chunk_size, KP), new(B, H, N * chunk_size, KP), new(B, H, N * chunk_size, KP)
     d_u, d_gamma = new(B, H, N * chunk_size, VP), new(B, H, N)
     dlam = grads.get("dlam", torch.zeros(B, T, H, L, device=q.device, dtype=level_scales.dtype))
     dlam_strides = (dlam.stride(0), dlam.stride(1), dlam.stride(2))
-    level_grad_kernel[(N, B * H)](
-        k, chunks.w, chunks.u, chunks.query, chunks.gc, level_scales, do, states, first_slots(N, q.device), adjoints,
-        d_query, d_w, d_kt, d_u, d_gamma, dlam, T, N, H, K, V, L, n_levels, states.shape[2],
-        k.stride(0), k.stride(1), sqh, *lam_strides, *do_strides, *dlam_strides,
-        C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BK2P=max(BK2, 16), BV=BV, NV=NV, BL=level_block(T, chunk_size),
-        IP=IP, num_warps=config.num_warps,
-    )
+    for own in (0, 1) if BK2 else (0,):  # one launch per key tile of the outputs
+        level_grad_kernel[(N, B * H)](
+            k, chunks.w, chunks.u, chunks.query, chunks.gc, level_scales, do, states, first_slots(N, q.device),
+            adjoints, d_query, d_w, d_kt, d_u, d_gamma, dlam, T, N, H, K, V, L, n_levels, states.shape[2],
+            k.stride(0), k.stride(1), sqh, *lam_strides, *do_strides, *dlam_strides,
+            C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BV=BVG, VP=VP, BL=level_block(T, chunk_size), OWN=own,
+            IP=IP, num_warps=config.grad_warps, num_stages=config.num_stages,
+        )
     del adjoints
     dq, dk = torch.empty(B, T, H, K, device=q.device, dtype=acc), torch.empty(B, T, H, K, device=q.device, dtype=acc)
     dv = grads.get("dv", torch.empty(B, T, H, V, device=q.device, dtype=v.dtype))
@@ -407,7 +411,7 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
         q.stride(0), q.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2), *lam_strides, *do_strides,
         dv.stride(0), dv.stride(1), dv.stride(2), *dlam_strides,
         C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BV=BV, NV=NV, BL=level_block(T, chunk_size), IP=IP,
-        IPS=solve_precision(q.dtype), num_warps=config.num_warps,
+        IPS=solve_precision(q.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if Hk == 1:
         dq, dk = dq.sum(2, keepdim=True), dk.sum(2, keepdim=True)
