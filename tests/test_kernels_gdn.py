@@ -344,3 +344,22 @@ def test_training_on_the_triton_backend_matches_torch(tmp_path):
     for triton_member, torch_member in zip(weights["triton"], weights["torch"]):
         for name, value in torch_member.items():
             assert_close(triton_member[name], value, rtol=1e-4, atol=1e-7, what=name)
+
+
+# --- the benchmark's CPU tier ----------------------------------------------------------------------
+
+
+def test_benchmark_cpu_tier(tmp_path):
+    from loglin_edu.bench.__main__ import main
+    from loglin_edu.bench.settings import GDN_CPU, counted_work
+
+    result = main(["--model", "gated_deltanet", "--tier", "cpu", "--lengths", "32", "--quiet",
+                   "--out", str(tmp_path / "b.json")])
+    rows = {r["name"]: r for r in result["rows"]}
+    assert set(rows) == {"loglinear gated deltanet (ours, triton)", "loglinear gated deltanet (torch chunkwise)",
+                         "sdpa (causal, flash on GPU)"}
+    assert all("forward_backward_ms" in r for r in rows.values()), rows
+    assert (tmp_path / "b.json").exists() and (tmp_path / "b.png").exists() and result["complete"]
+    assert result["setting"]["model"] == "gated_deltanet" and result["setting"]["key"] == GDN_CPU.key
+    work = counted_work(2, 32, GDN_CPU)
+    assert work["forward_flops"] > 0 and work["backward_flops"] > work["forward_flops"]
