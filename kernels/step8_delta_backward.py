@@ -119,17 +119,17 @@ def level_grad_kernel(
     T, N, H, K, V, L, n_levels, NX,
     skb, skt, skh, slb, slt, slh, sdob, sdot, sdoh, sdlb, sdlt, sdlh,
     C: tl.constexpr, C_LOG: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr,
-    VP: tl.constexpr, BL: tl.constexpr, OWN: tl.constexpr, IP: tl.constexpr,
+    VP: tl.constexpr, BL: tl.constexpr, OWN: tl.constexpr, BKO: tl.constexpr, IP: tl.constexpr,
 ):
     """Grid ``(N, B·H)``. Writes, for chunk ``i_c``, the key tile ``OWN`` (0: columns ``0..BK1``, 1: the next
-    ``BK2``) of dquery, dw, dkt ``[B, H, N·C, BK1 + BK2]`` (fp32); with ``OWN = 0`` also du ``[B, H, N·C, VP]``, dgamma
+    ``BK2``; ``BKO`` its width) of dquery, dw, dkt ``[B, H, N·C, BK1 + BK2]`` (fp32); with ``OWN = 0`` also du ``[B, H, N·C, VP]``, dgamma
     ``[B, H, N]`` (the gradient of ``γ_C``) and dlam's chunk-level columns. Products over all of K (``K̃ D``,
     ``W S``, ``query X``) use both tiles; only the accumulated outputs are split, so a launch per tile holds
     three ``[C, BK]`` accumulators."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     rc, r1, cols = tl.arange(0, C), tl.arange(0, BK1), tl.arange(0, BL)
-    KP: tl.constexpr = BK1 + BK2
+    KP = BK1 + BK2
     t = i_c * C + rc
     base = i_bh.to(tl.int64) * N * C
     rows = base + t
@@ -145,9 +145,9 @@ def level_grad_kernel(
         r_own = BK1 + tl.arange(0, BK2)
     if BK2 > 0:
         r2 = BK1 + tl.arange(0, BK2)
-    d_query = tl.zeros((C, r_own.shape[0]), dtype=lam.dtype)
-    d_w = tl.zeros((C, r_own.shape[0]), dtype=lam.dtype)
-    d_kt = tl.zeros((C, r_own.shape[0]), dtype=lam.dtype)
+    d_query = tl.zeros((C, BKO), dtype=lam.dtype)
+    d_w = tl.zeros((C, BKO), dtype=lam.dtype)
+    d_kt = tl.zeros((C, BKO), dtype=lam.dtype)
     d_gamma = tl.sum(tl.zeros((C,), dtype=lam.dtype), 0)
     dlam = tl.zeros((C, BL), dtype=lam.dtype)
     first = tl.load(first_ptr + i_c)
@@ -238,8 +238,8 @@ def delta_chunk_bwd_kernel(
     i_c, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bh = (i_b * H + i_h).to(tl.int64)
     rc, r1 = tl.arange(0, C), tl.arange(0, BK1)
-    KP: tl.constexpr = BK1 + BK2
-    VP: tl.constexpr = NV * BV
+    KP = BK1 + BK2
+    VP = NV * BV
     t = i_c * C + rc
     rows = bh * N * C + t
     q_ptr += i_b.to(tl.int64) * sqb + i_h * sqh
@@ -398,7 +398,7 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
             k, chunks.w, chunks.u, chunks.query, chunks.gc, level_scales, do, states, first_slots(N, q.device),
             adjoints, d_query, d_w, d_kt, d_u, d_gamma, dlam, T, N, H, K, V, L, n_levels, states.shape[2],
             k.stride(0), k.stride(1), sqh, *lam_strides, *do_strides, *dlam_strides,
-            C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BV=BVG, VP=VP, BL=level_block(T, chunk_size), OWN=own,
+            C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BV=BVG, VP=VP, BL=level_block(T, chunk_size), OWN=own, BKO=BK2 if own else BK1,
             IP=IP, num_warps=config.grad_warps, num_stages=config.num_stages,
         )
     del adjoints
