@@ -29,6 +29,10 @@ The delta rule (log-linear Gated DeltaNet) climbs the same ladder from step 6, i
 9. :mod:`~loglin_edu.kernels.step9_loglinear_gated_deltanet` — the ``torch.autograd.Function`` behind
    ``loglinear_attention(..., beta=..., form="triton")``, with a vmap rule.
 
+Decoding: :mod:`~loglin_edu.kernels.decode_step` — one token of log-linear Mamba-2 for a batch in one launch
+(the binary-counter carry, the decay, the write and the read of every Fenwick level), in place on a
+:class:`~loglin_edu.decoding.FenwickCache` buffer.
+
 Shared by the steps: :mod:`~loglin_edu.kernels.tiles` (the Triton helpers: tiles in and out, the decay and
 level patterns of a chunk), :mod:`~loglin_edu.kernels.inputs` (the decay's prefix sums, prepared on the
 host) and :mod:`~loglin_edu.kernels.config` (tile widths, the precision ladder, :class:`LaunchConfig` and

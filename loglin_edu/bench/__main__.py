@@ -19,8 +19,18 @@ from .settings import MODELS, SETTINGS, Setting
 
 RESULT_PREFIX = {"loglinear_mamba2": "kernels", "gated_deltanet": "kernels_gdn"}
 
+VARIANTS = ((1, 4, 4, 4), (8, 4, 4, 4), (8, 4, 8, 4), (48, 4, 8, 4), (8, 3, 4, 8))
+"""``--variants`` without ``--configs``: (head_group, block_levels, num_warps, tree_warps) of each run."""
+DELTA_VARIANTS = ((64, 32, 8, 8, 1), (32, 32, 4, 8, 1), (64, 32, 8, 8, 2), (32, 32, 8, 4, 2), (64, 64, 8, 8, 1))
+"""``--model gated_deltanet --variants``: (value_tile, grad_value_tile, walk_warps, grad_warps, num_stages) of each run."""
+
 
 def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--decode" in argv:  # the decoding benchmark has its own options (python -m loglin_edu.bench --decode --help)
+        from .decode import main as decode_main
+
+        return decode_main([a for a in argv if a != "--decode"])
     parser = argparse.ArgumentParser(prog="python -m loglin_edu.bench", description="How fast is it: the log-linear kernels against SDPA flash, linear Mamba-2 and fla-core.")
     parser.add_argument("--model", choices=MODELS, default="loglinear_mamba2",
                         help="log-linear Mamba-2 (48 heads, K=128, V=64) or log-linear Gated DeltaNet (the authors' "
@@ -35,9 +45,14 @@ def main(argv=None) -> dict:
                         "kernels_gdn_<device>.json for gated_deltanet, relative to the directory the command runs in)")
     parser.add_argument("--accuracy", action="store_true", help="measure errors against float64 instead of speed")
     parser.add_argument("--variants", action="store_true", help="time our kernel under several launch configurations")
+    parser.add_argument("--configs", nargs="*", metavar="G,M,W,TW",
+                        help="--variants: launch configurations as head_group,block_levels,num_warps,tree_warps "
+                        "(gated_deltanet: value_tile,grad_value_tile,walk_warps,grad_warps,num_stages)")
     parser.add_argument("--precision", action="store_true",
                         help="time and measure the errors of every rung of LaunchConfig.precision at each length")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--decode", action="store_true",
+                        help="the decoding benchmark instead (its own options: --decode --help)")
     args = parser.parse_args(argv)
 
     s = SETTINGS[args.model, args.tier]
@@ -48,7 +63,7 @@ def main(argv=None) -> dict:
     device = torch.device("cuda" if args.tier == "gpu" else "cpu")
     if device.type == "cpu" and "triton" not in sys.modules:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # this program's own process: the interpreter on a CPU
-    result = provenance("python -m loglin_edu.bench " + " ".join(sys.argv[1:] if argv is None else argv), device)
+    result = provenance("python -m loglin_edu.bench " + " ".join(argv), device)
     result["setting"] = asdict(s)
     mode = "accuracy" if args.accuracy else "precision_ladder" if args.precision else "variants" if args.variants else None
     prefix = RESULT_PREFIX[args.model]
@@ -66,12 +81,12 @@ def main(argv=None) -> dict:
         from ..kernels.config import DeltaLaunchConfig, LaunchConfig
 
         if delta:
+            chosen = [tuple(int(x) for x in c.split(",")) for c in args.configs] if args.configs else DELTA_VARIANTS
             configs = [DeltaLaunchConfig(value_tile=bv, grad_value_tile=gv, walk_warps=w, grad_warps=gw, num_stages=st)
-                       for bv, gv, w, gw, st in ((64, 32, 8, 8, 1), (32, 32, 4, 8, 1), (64, 32, 8, 8, 2),
-                                                 (32, 32, 8, 4, 2), (64, 64, 8, 8, 1))]
+                       for bv, gv, w, gw, st in chosen]
         else:
-            configs = [LaunchConfig(head_group=g, block_levels=m, num_warps=w, tree_warps=tw)
-                       for g, m, w, tw in ((1, 4, 4, 4), (8, 4, 4, 4), (8, 4, 8, 4), (48, 4, 8, 4), (8, 3, 4, 8))]
+            chosen = [tuple(int(x) for x in c.split(",")) for c in args.configs] if args.configs else VARIANTS
+            configs = [LaunchConfig(head_group=g, block_levels=m, num_warps=w, tree_warps=tw) for g, m, w, tw in chosen]
         result["variants"] = variants(s, s.lengths, configs, device)
     else:
         names = [n for n in BY_MODEL[args.model] if n not in (GPU_ONLY if device.type == "cpu" else CPU_ONLY)]
