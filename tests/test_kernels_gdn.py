@@ -188,6 +188,21 @@ def test_fp16_inputs_match_float64_of_the_same_rounded_inputs():
     )
 
 
+def test_the_triton_form_hands_its_state_to_decoding():
+    """``return_state=True`` on the Triton form with β: the prefill's Fenwick state (float32), stepped on by the
+    recurrent decoding state, continues the sequence as the float64 masked form computes it."""
+    q, k, v, lam, g, beta = inputs(1, 40, 2, 2, 4, 4, seed=9)
+    full = le.loglinear_attention(q, k, v, lam, g, beta, form="naive")
+    t = 37
+    head, state = le.loglinear_attention(*(x[:, :t].float() for x in (q, k, v, lam, g, beta)), form="triton",
+                                         chunk_size=16, return_state=True)
+    assert all(s.dtype == torch.float32 for s in state.levels if s is not None)
+    tail = [state.step(*(x[:, s].float() for x in (q, k, v, lam, g, beta)))
+            for s in range(t, 40)]
+    out = torch.cat([head, torch.stack(tail, dim=1)], dim=1)
+    assert_close(out.double(), full, rtol=1e-5, what="triton prefill + decoding")
+
+
 def test_unit_level_scales_give_gated_deltanet():
     """λ ≡ 1: the log-linear kernels compute Gated DeltaNet itself."""
     q, k, v, lam, g, beta = (x.float() for x in inputs(1, 60, 2, 2, 8, 8, seed=6))
