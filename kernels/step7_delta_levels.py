@@ -13,7 +13,7 @@ value differs for every reader. The schedule: **every level and every aligned bl
     S = 0;   for c in L:  S ← γ_C S + K̃ᵀ (U₀ - W S)          (build the left half)
              for c in R:  X_{c,ℓ} = S;  S ← γ_C S - K̃ᵀ (W S)  (carry it to every reader)
 
-so a level-``ℓ`` walk is ``2^ℓ`` chunks long and all walks run at once, grid ``(walks, V / BV, B·H)``,
+so a level-``ℓ`` walk is ``2^ℓ`` chunks long and all walks run at once, grid ``(V / BV, B·H, walks)``,
 longest first. The depth is one walk over the whole sequence (the top level), like linear Gated
 DeltaNet's state passing; the work is ``N`` chunk transitions per level (the left halves rebuild what
 the lower levels also hold: twice the work of a single walk carrying all live levels, for ``log2 N``
@@ -97,10 +97,11 @@ def level_walk_kernel(
     C: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BK2P: tl.constexpr, BV: tl.constexpr,
     VP: tl.constexpr, IP: tl.constexpr,
 ):
-    """Grid ``(walks, VP / BV, B·H)``. k: [B, T, H or 1, K]; w: [B, H, N·C, BK1 + BK2]; u: [B, H, N·C, VP];
+    """Grid ``(VP / BV, B·H, walks)`` — the walk slowest, so every head's longest walks start first. k: [B, T, H or 1,
+    K]; w: [B, H, N·C, BK1 + BK2]; u: [B, H, N·C, VP];
     gc: [B, H, N·C]; x: [B, H, NX, BK1 + BK2, VP] receives ``X_{c,ℓ}`` (module docstring); walks: int32
     ``(level, start)`` of every walk (:func:`walk_table`); first: int32 first read slot of every chunk."""
-    i_w, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_v, i_bh, i_w = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     level = tl.load(walks_ptr + 2 * i_w)
     start = tl.load(walks_ptr + 2 * i_w + 1)
@@ -203,7 +204,7 @@ def level_states(k, chunks: DeltaChunks, T: int, V: int, chunk_size: int,
     states = torch.empty(B, H, max(int(first[-1]), 1), BK1 + BK2, NV * BV, device=k.device, dtype=chunks.u.dtype)
     walks = walk_table(N, k.device)
     if len(walks):
-        level_walk_kernel[(len(walks), NV, B * H)](
+        level_walk_kernel[(NV, B * H, len(walks))](
             k, chunks.w, chunks.u, chunks.gc, states, walks, first, T, N, H, K, states.shape[2],
             k.stride(0), k.stride(1), 0 if k.shape[2] == 1 else k.stride(2),
             C=chunk_size, BK1=BK1, BK2=BK2, BK2P=max(BK2, 16), BV=BV, VP=NV * BV,

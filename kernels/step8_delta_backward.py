@@ -67,9 +67,9 @@ def level_walk_bwd_kernel(
     C: tl.constexpr, C_LOG: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BK2P: tl.constexpr,
     BV: tl.constexpr, VP: tl.constexpr, IP: tl.constexpr,
 ):
-    """Grid ``(walks, VP / BV, B·H)``. do: [B, T, H, V]; d: [B, H, N, n_levels, BK1 + BK2, VP] receives the
+    """Grid ``(VP / BV, B·H, walks)``, as the forward walks. do: [B, T, H, V]; d: [B, H, N, n_levels, BK1 + BK2, VP] receives the
     adjoint of each level's state leaving each chunk (zero after the last reader)."""
-    i_w, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_v, i_bh, i_w = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     level = tl.load(walks_ptr + 2 * i_w)
     start = tl.load(walks_ptr + 2 * i_w + 1)
@@ -383,7 +383,7 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
     lam_strides = (level_scales.stride(0), level_scales.stride(1), level_scales.stride(2))
     do_strides = (do.stride(0), do.stride(1), do.stride(2))
     if len(walks):
-        level_walk_bwd_kernel[(len(walks), NV, B * H)](
+        level_walk_bwd_kernel[(NV, B * H, len(walks))](
             k, chunks.w, chunks.query, chunks.gc, level_scales, do, adjoints, walks, T, N, H, K, V, L, n_levels,
             k.stride(0), k.stride(1), sqh, *lam_strides, *do_strides,
             C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BK2P=max(BK2, 16), BV=BV, VP=VP, IP=IP,
