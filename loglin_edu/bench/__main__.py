@@ -17,8 +17,16 @@ from .measure import benchmark, precision_ladder, variants
 from .report import plot, summary_table, with_floor
 from .settings import CPU, GPU, Setting
 
+VARIANTS = ((1, 4, 4, 4), (8, 4, 4, 4), (8, 4, 8, 4), (48, 4, 8, 4), (8, 3, 4, 8))
+"""``--variants`` without ``--configs``: (head_group, block_levels, num_warps, tree_warps) of each run."""
+
 
 def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--decode" in argv:  # the decoding benchmark has its own options (python -m loglin_edu.bench --decode --help)
+        from .decode import main as decode_main
+
+        return decode_main([a for a in argv if a != "--decode"])
     parser = argparse.ArgumentParser(prog="python -m loglin_edu.bench", description="How fast is it: the log-linear kernels against SDPA flash, linear Mamba-2 and fla-core.")
     parser.add_argument("--tier", choices=("gpu", "cpu"), default="gpu" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--lengths", type=int, nargs="*", help="sequence lengths (default: the tier's)")
@@ -27,9 +35,13 @@ def main(argv=None) -> dict:
                         "relative to the directory the command runs in)")
     parser.add_argument("--accuracy", action="store_true", help="measure errors against float64 instead of speed")
     parser.add_argument("--variants", action="store_true", help="time our kernel under several launch configurations")
+    parser.add_argument("--configs", nargs="*", metavar="G,M,W,TW",
+                        help="--variants: launch configurations as head_group,block_levels,num_warps,tree_warps")
     parser.add_argument("--precision", action="store_true",
                         help="time and measure the errors of every rung of LaunchConfig.precision at each length")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--decode", action="store_true",
+                        help="the decoding benchmark instead (its own options: --decode --help)")
     args = parser.parse_args(argv)
 
     s = GPU if args.tier == "gpu" else CPU
@@ -38,7 +50,7 @@ def main(argv=None) -> dict:
     device = torch.device("cuda" if args.tier == "gpu" else "cpu")
     if device.type == "cpu" and "triton" not in sys.modules:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # this program's own process: the interpreter on a CPU
-    result = provenance("python -m loglin_edu.bench " + " ".join(sys.argv[1:] if argv is None else argv), device)
+    result = provenance("python -m loglin_edu.bench " + " ".join(argv), device)
     result["setting"] = asdict(s)
     mode = "accuracy" if args.accuracy else "precision_ladder" if args.precision else "variants" if args.variants else None
     out = args.out or DEFAULT_RESULTS / f"kernels_{mode + '_' if mode else ''}{device_slug(device)}.json"
@@ -53,8 +65,8 @@ def main(argv=None) -> dict:
     elif args.variants:
         from ..kernels.config import LaunchConfig
 
-        configs = [LaunchConfig(head_group=g, block_levels=m, num_warps=w, tree_warps=tw)
-                   for g, m, w, tw in ((1, 4, 4, 4), (8, 4, 4, 4), (8, 4, 8, 4), (48, 4, 8, 4), (8, 3, 4, 8))]
+        chosen = [tuple(int(x) for x in c.split(",")) for c in args.configs] if args.configs else VARIANTS
+        configs = [LaunchConfig(head_group=g, block_levels=m, num_warps=w, tree_warps=tw) for g, m, w, tw in chosen]
         result["variants"] = variants(s, s.lengths, configs, device)
     else:
         names = [n for n in IMPLEMENTATIONS if n not in (GPU_ONLY if device.type == "cpu" else CPU_ONLY)]

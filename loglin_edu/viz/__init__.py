@@ -5,7 +5,7 @@
 for a live notebook; ``measure``: counted FLOPs and median times; ``notation``: the book's MathJax macros.
 """
 
-from .animate import level_animation, query_animation, stage_animation, to_html
+from .animate import buffer_occupancy, counter_animation, level_animation, query_animation, stage_animation, to_html
 from .explore import bucket_explorer, mask_explorer
 from .figures import (
     Block,
@@ -13,6 +13,7 @@ from .figures import (
     draw_binary_counter,
     draw_blocks,
     draw_buckets,
+    draw_decode_results,
     draw_levels,
     draw_matrix,
     draw_series,
@@ -28,11 +29,14 @@ __all__ = [
     "MACROS",
     "Block",
     "bucket_explorer",
+    "buffer_occupancy",
+    "counter_animation",
     "counter_occupancy",
     "define_macros",
     "draw_binary_counter",
     "draw_blocks",
     "draw_buckets",
+    "draw_decode_results",
     "draw_levels",
     "draw_matrix",
     "draw_series",
