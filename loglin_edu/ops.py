@@ -12,8 +12,9 @@ Every operator computes ``O = (A ⊙ M) V`` of one model of the book (PAPER.md �
 
 Forms (:data:`REFERENCE_FORMS`): ``"naive"`` (dense ``T × T``), ``"recurrent"`` (token by token) and
 ``"chunkwise"`` (chunks: O(T·C) or, log-linear, O(T log T)), all in PyTorch, plus ``"triton"``: the
-Triton kernels of :mod:`loglin_edu.kernels`, for log-linear attention without the delta rule
-(log-linear Mamba-2). Whether triton can be imported is asked when a call needs it, never at import.
+Triton kernels of :mod:`loglin_edu.kernels`, for log-linear attention (log-linear Mamba-2 without
+``beta``, log-linear Gated DeltaNet with it). Whether triton can be imported is asked when a call needs
+it, never at import.
 
 With ``return_state=True`` (:func:`loglinear_attention`, :func:`mix`) a call also returns the decoding
 state after its ``T`` tokens — a prefill: the :class:`~loglin_edu.state.FenwickState` of a log-linear
@@ -85,13 +86,14 @@ def kernels_available() -> bool:
 
 
 def kernel_computes(level_scales: bool, beta: bool) -> bool:
-    """Whether the Triton form computes this variant: log-linear attention without the delta rule."""
-    return level_scales and not beta
+    """Whether the Triton form computes this variant: log-linear attention, with or without the delta rule
+    (the linear models have no kernel of their own here)."""
+    return level_scales
 
 
 def forms(loglinear: bool = False, beta: bool = False) -> tuple[str, ...]:
     """The forms an operator offers in this installation: :data:`REFERENCE_FORMS`, and ``"triton"`` for
-    log-linear attention without ``beta`` where triton can be imported."""
+    log-linear attention where triton can be imported."""
     kernel = kernel_computes(loglinear, beta) and kernels_available()
     return REFERENCE_FORMS + ((KERNEL_FORM,) if kernel else ())
 
@@ -116,7 +118,7 @@ def resolve_backend(backend: str, x: torch.Tensor, loglinear: bool, beta: bool) 
     if backend == "auto":
         return "triton" if usable and x.is_cuda else "torch"
     if not usable:
-        why = ("the Triton kernels compute log-linear attention without the delta rule"
+        why = ("the Triton kernels compute log-linear attention only (a linear layer has none)"
                if not kernel_computes(loglinear, beta) else "triton is not installed")
         raise ValueError(f"backend='triton' is not available for this layer: {why}; use backend='torch' or 'auto'")
     return "triton"
@@ -147,12 +149,16 @@ def mix(
             return mix(*up, form=form, chunk_size=chunk_size, return_state=return_state)
     if form == KERNEL_FORM:
         if not kernel_computes(level_scales is not None, beta is not None):
-            raise ValueError("form='triton' computes log-linear attention without the delta rule: "
-                             "level_scales are needed and beta must be None")
-        from .kernels.step5_loglinear_mamba2 import loglinear_mamba2
+            raise ValueError("form='triton' computes log-linear attention: level_scales are needed")
+        if beta is None:
+            from .kernels.step5_loglinear_mamba2 import loglinear_mamba2
 
-        out = loglinear_mamba2(q, k, v, level_scales, log_decay, chunk_size=chunk_size)
-        return (out, kernel_prefill_state(k, v, log_decay)) if return_state else out
+            out = loglinear_mamba2(q, k, v, level_scales, log_decay, chunk_size=chunk_size)
+        else:
+            from .kernels.step9_loglinear_gated_deltanet import loglinear_gated_deltanet
+
+            out = loglinear_gated_deltanet(q, k, v, level_scales, log_decay, beta, chunk_size=chunk_size)
+        return (out, kernel_prefill_state(k, v, log_decay, beta)) if return_state else out
     H = v.shape[2]
     q, k, v = heads_first(q, H), heads_first(k, H), heads_first(v, H)
     g = None if log_decay is None else log_decay.transpose(1, 2)
@@ -164,12 +170,14 @@ def mix(
     return (time_first(result[0]), result[1]) if return_state else time_first(result)
 
 
-def kernel_prefill_state(k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor | None) -> FenwickState:
+def kernel_prefill_state(k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor | None,
+                         beta: torch.Tensor | None = None) -> FenwickState:
     """The decoding state after a Triton-form call, from its definition in float32: k ``[B, T, Hk, K]``,
-    v ``[B, T, H, V]``, log_decay ``[B, T, H]`` or None (decay only: one product per level)."""
+    v ``[B, T, H, V]``, log_decay, beta ``[B, T, H]`` or None (one product per level)."""
     H = v.shape[2]
     g = None if log_decay is None else log_decay.float().transpose(1, 2)
-    return prefix_state(heads_first(k.float(), H), heads_first(v.float(), H), g)
+    b = None if beta is None else beta.float().transpose(1, 2)
+    return prefix_state(heads_first(k.float(), H), heads_first(v.float(), H), g, b)
 
 
 def _checked(q, k, v, level_scales, log_decay, beta, form, chunk_size):
@@ -185,7 +193,7 @@ def _checked(q, k, v, level_scales, log_decay, beta, form, chunk_size):
     if form is None:
         form = default_form(q, loglinear, delta)
     if form == KERNEL_FORM and KERNEL_FORM not in forms(loglinear, delta):
-        why = "it computes log-linear attention without the delta rule" if not kernel_computes(loglinear, delta) \
+        why = "it computes log-linear attention only" if not kernel_computes(loglinear, delta) \
             else "triton is not installed"
         raise ValueError(f"form='triton' is not available here ({why}); use one of {REFERENCE_FORMS}")
     check_form(form, forms(loglinear, delta))
