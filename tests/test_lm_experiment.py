@@ -61,7 +61,6 @@ def tiny_tier(folder):
 FAST = ["--tier", "tiny", "--no-progress"]
 
 
-@pytest.mark.slow
 def test_cli_end_to_end_resumes_and_merges(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(lm.TIERS, "tiny", tiny_tier(tmp_path / "books"))
     monkeypatch.setenv("LOGLIN_COMMIT", "0123abc")
