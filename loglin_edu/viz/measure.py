@@ -1,4 +1,8 @@
-"""The two measurements the chapters plot: matrix-product FLOPs (counted, exact) and wall-clock time (median)."""
+"""The two measurements the chapters plot: matrix-product FLOPs (counted, exact) and wall-clock time.
+
+On a shared CPU a single timing also measures whatever else the machine is doing at that moment; the FLOP count
+does not change. :func:`best_median_seconds` keeps the least disturbed of several medians.
+"""
 
 from __future__ import annotations
 
@@ -23,3 +27,13 @@ def median_seconds(fn: Callable, repeats: int = 3) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
+
+
+def best_median_seconds(fn: Callable, repeats: int = 5, rounds: int = 3) -> float:
+    """``min`` over ``rounds`` of the median of ``repeats`` calls of ``fn()``: the least disturbed median.
+
+    Other work on the machine only ever adds time, so the smallest median is the closest to the cost of ``fn``.
+    """
+    if repeats < 1 or rounds < 1:
+        raise ValueError(f"repeats and rounds must be >= 1, got repeats={repeats}, rounds={rounds}")
+    return min(median_seconds(fn, repeats) for _ in range(rounds))
