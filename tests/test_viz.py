@@ -113,7 +113,9 @@ def test_best_median_seconds_keeps_the_least_disturbed_median():
         calls.append(1)
         time.sleep(next(delays))
 
+    threads = torch.get_num_threads()
     assert viz.best_median_seconds(work, repeats=3, rounds=2) < 0.02 and len(calls) == 6
+    assert torch.get_num_threads() == threads  # restored after measuring on one thread
     with pytest.raises(ValueError, match="rounds"):
         viz.best_median_seconds(work, rounds=0)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 
@@ -29,11 +30,19 @@ def median_seconds(fn: Callable, repeats: int = 3) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def best_median_seconds(fn: Callable, repeats: int = 5, rounds: int = 3) -> float:
+def best_median_seconds(fn: Callable, repeats: int = 5, rounds: int = 3, threads: int | None = 1) -> float:
     """``min`` over ``rounds`` of the median of ``repeats`` calls of ``fn()``: the least disturbed median.
 
     Other work on the machine only ever adds time, so the smallest median is the closest to the cost of ``fn``.
+    threads: torch's intra-op threads while measuring (restored after; None keeps the current setting). One thread
+    by default: on a shared machine the threads of one operation wait for each other whenever a core is busy.
     """
     if repeats < 1 or rounds < 1:
         raise ValueError(f"repeats and rounds must be >= 1, got repeats={repeats}, rounds={rounds}")
-    return min(median_seconds(fn, repeats) for _ in range(rounds))
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return min(median_seconds(fn, repeats) for _ in range(rounds))
+    finally:
+        torch.set_num_threads(before)
