@@ -1,33 +1,35 @@
 """Triton kernels for log-linear attention, installed as ``loglin_edu.kernels``.
 
-Triton is imported lazily, by the modules of this package only: ``import loglin_edu`` never needs
-triton or a GPU. Without CUDA the kernels run under Triton's interpreter, which needs
-``TRITON_INTERPRET=1`` in the environment before the kernels are defined: importing this package on a
-machine without CUDA sets it (unless it is already set), so do that before importing triton yourself.
+Triton is imported by the modules of this package only, never by ``import loglin_edu``. Without CUDA the
+kernels run under Triton's interpreter, which reads ``TRITON_INTERPRET=1`` from the environment when
+triton is first imported: set it yourself before anything imports triton (the tests and the book's
+chapters do), e.g. ``os.environ["TRITON_INTERPRET"] = "1"``. This package never changes the environment.
 
 The ladder, one file per step, each checked against the step before and against the package's forms:
 
-1. :mod:`~loglin_edu.kernels.mamba2_chunked` — chunked Mamba-2 (linear attention with scalar decay):
+1. :mod:`~loglin_edu.kernels.step1_mamba2_chunked` — chunked Mamba-2 (linear attention with scalar decay):
    one program walks the chunks of one head, its ``K × V`` state in registers. Forward and backward.
-2. :mod:`~loglin_edu.kernels.intra_chunk` — the log-linear intra-chunk product: the ``C × C`` level
+2. :mod:`~loglin_edu.kernels.step2_intra_chunk` — the log-linear intra-chunk product: the ``C × C`` level
    pattern ``λ[i, level(i, j)]`` applied inside a chunk (levels ``0..log2 C``).
-3. :mod:`~loglin_edu.kernels.chunk_tree` — the inter-chunk levels: a Fenwick tree of ``K × V`` states
+3. :mod:`~loglin_edu.kernels.step3_chunk_tree` — the inter-chunk levels: a Fenwick tree of ``K × V`` states
    over chunks, built in ``O(log N)`` depth, and the output kernel that reads one node per level.
-4. :mod:`~loglin_edu.kernels.backward` — the backward kernels: node gradients, then ``dq, dλ`` and
-   ``dk, dv``; ``d log_decay`` from a reverse cumulative sum.
-5. :mod:`~loglin_edu.kernels.loglinear_mamba2` — the ``torch.autograd.Function`` behind
-   ``loglinear_attention(..., form="triton")``.
+4. :mod:`~loglin_edu.kernels.step4_tree_backward` — the backward through the tree: node gradients, then
+   ``dq, dλ`` and ``dk, dv``; ``d log_decay`` from a reverse cumulative sum.
+5. :mod:`~loglin_edu.kernels.step5_loglinear_mamba2` — the ``torch.autograd.Function`` behind
+   ``loglinear_attention(..., form="triton")``, for any shapes and inside ``torch.func.vmap``.
+
+Shared by the steps: :mod:`~loglin_edu.kernels.tiles` (the Triton helpers: tiles in and out, the decay and
+level patterns of a chunk), :mod:`~loglin_edu.kernels.inputs` (the decay's prefix sums, prepared on the
+host) and :mod:`~loglin_edu.kernels.config` (tile widths, the precision ladder, :class:`LaunchConfig`).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
-import torch
+from .config import LaunchConfig
 
-if "triton" not in sys.modules and not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+__all__ = ["LaunchConfig", "interpreted"]
 
 
 def interpreted() -> bool:

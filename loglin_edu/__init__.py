@@ -1,33 +1,29 @@
 """loglin_edu: log-linear attention, from softmax attention to the chunk-scan algorithm.
 
 Every operator takes ``[B, T, H, D]`` tensors and a ``form`` that picks an algorithm; all forms of an
-operator compute the same function. Importing this package never needs triton or a GPU.
+operator compute the same function (:mod:`loglin_edu.ops` holds the operators and their forms). Importing this package never needs triton or a GPU.
 """
 
-from . import chunk_scan, chunking, deltanet, fenwick, ledger, linear, loglinear, masks, recurrence, softmax, state
-from .deltanet import gated_deltanet_attention
+from . import chunk_scan, chunking, deltanet, fenwick, ledger, linear, loglinear, masks, ops, recurrence, softmax, state
 from .fenwick import bucket, buckets, level, level_matrix, num_levels
 from .ledger import Ledger, compare_forms
-from .linear import linear_attention, mamba2_attention
-from .loglinear import loglinear_attention
 from .masks import causal_mask, decay_mask, hierarchical_mask, loglinear_mask
-from .softmax import softmax_attention
+from .ops import (
+    REFERENCE_FORMS,
+    gated_deltanet_attention,
+    linear_attention,
+    loglinear_attention,
+    mamba2_attention,
+    softmax_attention,
+)
 from .state import FenwickState
-
-for _operator, _forms in (
-    (softmax_attention, softmax.FORMS),
-    (linear_attention, linear.FORMS),
-    (mamba2_attention, linear.FORMS),
-    (gated_deltanet_attention, deltanet.FORMS),
-    (loglinear_attention, loglinear.REFERENCE_FORMS),  # every variant; loglinear.FORMS adds "triton"
-):
-    _operator.forms = _forms
 
 __version__ = "0.1.0"
 
 __all__ = [
     "FenwickState",
     "Ledger",
+    "REFERENCE_FORMS",
     "bucket",
     "buckets",
     "causal_mask",

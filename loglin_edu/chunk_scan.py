@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ._layout import pad_time
+from .layout import pad_time
 from .chunking import chunk_terms, split_chunks
 from .fenwick import levels_within_chunk, num_chunk_levels, trailing_zeros
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._layout import pad_time
+from .layout import pad_time
 from .masks import segment_sum
 
 

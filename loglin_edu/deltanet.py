@@ -7,16 +7,15 @@ Unrolled, it is ``O = (A ⊙ M^S) V`` with the attention-like matrix
     A[t, s] = q_tᵀ (Π_{r=s+1..t} (I - β_r k_r k_rᵀ)) k_s β_s        (s <= t)
 
 ``log_decay=None`` gives DeltaNet. The chunkwise form solves each chunk with the WY/UT representation
-(:mod:`loglin_edu.chunking`). No scale and no normalisation are applied: the layer L2-normalises q, k.
+(:mod:`loglin_edu.chunking`); the recurrent and chunkwise forms are those of :mod:`loglin_edu.linear`, given
+``beta``. No scale and no normalisation are applied: the layer L2-normalises q, k. The public operator is
+:func:`~loglin_edu.ops.gated_deltanet_attention`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._checks import check_chunk_size, check_form, check_gate, check_qkv
-from ._layout import heads_first, time_first
-from .linear import FORMS, _linear_forms
 from .masks import segment_sum
 from .recurrence import transition
 
@@ -43,31 +42,3 @@ def delta_attention_matrix(
     if log_decay is None:
         return matrix
     return matrix * segment_sum(log_decay).exp()
-
-
-def gated_deltanet_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    log_decay: torch.Tensor | None,
-    beta: torch.Tensor,
-    *,
-    form: str = "chunkwise",
-    chunk_size: int = 64,
-) -> torch.Tensor:
-    """Gated DeltaNet (module docstring). q, k: ``[B, T, H, K]`` (or ``H = 1``); v: ``[B, T, H, V]``;
-    log_decay: ``[B, T, H]`` (``g <= 0``) or None (DeltaNet); beta: ``[B, T, H]``. Returns ``[B, T, H, V]``.
-    """
-    dims = check_qkv(q, k, v)
-    if log_decay is not None:
-        check_gate("log_decay", log_decay, dims, q, nonpositive=True)
-    check_gate("beta", beta, dims, q)
-    check_form(form, FORMS)
-    check_chunk_size(chunk_size)
-    H = dims.H
-    g = None if log_decay is None else log_decay.transpose(1, 2)
-    out = _linear_forms(
-        heads_first(q, H), heads_first(k, H), heads_first(v, H), g, beta.transpose(1, 2), form, chunk_size,
-        lambda q_, k_, g_, b_: delta_attention_matrix(q_, k_, g_, b_),
-    )
-    return time_first(out)

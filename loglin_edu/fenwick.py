@@ -27,6 +27,7 @@ __all__ = [
     "chunk_level",
     "num_chunk_levels",
     "trailing_zeros",
+    "bit_length",
 ]
 
 
@@ -71,7 +72,7 @@ def buckets(t: int) -> list[range]:
     return [bucket(t, lvl) for lvl in range(t.bit_length() + 1)]
 
 
-def _bit_length(x: torch.Tensor) -> torch.Tensor:
+def bit_length(x: torch.Tensor) -> torch.Tensor:
     """Elementwise ``bit_length`` of a non-negative int64 tensor, by binary search over 64 bits."""
     out = torch.zeros_like(x)
     rest = x.clone()
@@ -89,7 +90,7 @@ def level_matrix(seq_len: int, device: torch.device | str | None = None) -> torc
     chunkwise algorithm (which uses :func:`levels_within_chunk` and :func:`chunk_level`).
     """
     pos = torch.arange(seq_len, device=device)
-    lv = _bit_length(pos[:, None] ^ pos[None, :])
+    lv = bit_length(pos[:, None] ^ pos[None, :])
     return torch.where(pos[:, None] >= pos[None, :], lv, torch.full_like(lv, -1))
 
 

@@ -1,16 +1,18 @@
 """The "every form agrees" ledger: run each form of an operator on the same inputs and compare.
 
 For each form: the largest absolute difference from the reference form, the relative error
-``‖o - o_ref‖ / ‖o_ref‖`` and the median wall-clock time of a few runs.
+``‖o - o_ref‖ / ‖o_ref‖`` and the median wall-clock time of a few runs (:func:`~loglin_edu.timing.median_ms`).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from .ops import REFERENCE_FORMS
+from .timing import median_ms
 
 
 @dataclass(frozen=True)
@@ -46,17 +48,6 @@ class Ledger(list):
         return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _median_ms(fn: Callable[[], torch.Tensor], repeats: int) -> tuple[torch.Tensor, float]:
-    times, out = [], None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        if out.is_cuda:
-            torch.cuda.synchronize(out.device)
-        times.append((time.perf_counter() - start) * 1e3)
-    return out, sorted(times)[len(times) // 2]
-
-
 def compare_forms(
     operator: Callable[..., torch.Tensor],
     *args,
@@ -67,19 +58,20 @@ def compare_forms(
 ) -> Ledger:
     """Run ``operator(*args, form=f, **kwargs)`` for each form and compare with ``form=reference``.
 
-    ``forms`` defaults to every form the operator's module lists in ``FORMS``. Returns a :class:`Ledger`.
+    ``forms`` defaults to :data:`~loglin_edu.ops.REFERENCE_FORMS`, the forms every operator has.
+    Returns a :class:`Ledger`.
     """
-    if forms is None:
-        forms = getattr(operator, "forms", None)
-        if forms is None:
-            raise ValueError(f"forms must be given: {getattr(operator, '__name__', operator)} lists none")
+    forms = REFERENCE_FORMS if forms is None else forms
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     with torch.no_grad():
         expected = operator(*args, form=reference, **kwargs)
         ledger = Ledger()
         for form in forms:
-            out, ms = _median_ms(lambda: operator(*args, form=form, **kwargs), repeats)
+            outputs = []
+            ms = median_ms(lambda: outputs.append(operator(*args, form=form, **kwargs)), device=expected.device,
+                           repeats=repeats, warmup=0)
+            out = outputs[-1]
             diff = (out - expected).abs()
             ledger.append(
                 LedgerRow(

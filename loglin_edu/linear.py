@@ -9,21 +9,18 @@ Without decay (``log_decay=None``) this is plain causal linear attention. The th
 - ``chunkwise``: dense inside chunks of ``C`` tokens, one state passed between chunks: O(T C).
 
 The same recurrent and chunkwise routines serve the delta rule (``beta``); see :mod:`loglin_edu.deltanet`.
-No scale and no normalisation are applied: callers scale or normalise q and k.
+No scale and no normalisation are applied: callers scale or normalise q and k. The forms here are
+heads-first (``[B, H, T, D]``); the public operators :func:`~loglin_edu.ops.linear_attention` and
+:func:`~loglin_edu.ops.mamba2_attention` check their ``[B, T, H, D]`` inputs and dispatch to them.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._checks import check_chunk_size, check_form, check_gate, check_qkv
-from ._layout import heads_first, time_first
 from .chunking import chunk_terms, split_chunks
 from .masks import segment_sum
 from .recurrence import read, transition, write
-
-FORMS = ("naive", "recurrent", "chunkwise")
-
 
 def decay_attention_matrix(q: torch.Tensor, k: torch.Tensor, log_decay: torch.Tensor | None) -> torch.Tensor:
     """``(Q Kᵀ) ⊙ M^S`` restricted to ``s <= t``. q, k: ``[B, H, T, K]``; log_decay: ``[B, H, T]`` or None.
@@ -79,55 +76,3 @@ def chunkwise_linear(
         state = terms.propagate(c, state) + terms.own[:, :, c]
     out = out + torch.stack(from_state, dim=2)
     return out.flatten(2, 3)[:, :, :T]
-
-
-def _linear_forms(q, k, v, log_decay, beta, form, chunk_size, naive_matrix):
-    """Shared dispatch of the three forms on heads-first inputs."""
-    if form == "naive":
-        return naive_matrix(q, k, log_decay, beta) @ v
-    if form == "recurrent":
-        return recurrent_linear(q, k, v, log_decay, beta)
-    return chunkwise_linear(q, k, v, log_decay, beta, chunk_size)
-
-
-def linear_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    form: str = "chunkwise",
-    chunk_size: int = 64,
-) -> torch.Tensor:
-    """Causal linear attention ``o_t = Σ_{s<=t} (q_t·k_s) v_s``.
-
-    q, k: ``[B, T, H, K]`` (or ``H = 1``: shared by all heads); v: ``[B, T, H, V]`` -> ``[B, T, H, V]``.
-    """
-    return mamba2_attention(q, k, v, None, form=form, chunk_size=chunk_size)
-
-
-def mamba2_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    log_decay: torch.Tensor | None,
-    *,
-    form: str = "chunkwise",
-    chunk_size: int = 64,
-) -> torch.Tensor:
-    """Mamba-2 (scalar decay): ``o_t = Σ_{s<=t} (q_t·k_s) exp(G_t - G_s) v_s``.
-
-    q, k: ``[B, T, H, K]`` (or ``H = 1``); v: ``[B, T, H, V]``; log_decay: ``[B, T, H]`` (``g <= 0``) or
-    None (linear attention). Returns ``[B, T, H, V]``.
-    """
-    dims = check_qkv(q, k, v)
-    if log_decay is not None:
-        check_gate("log_decay", log_decay, dims, q, nonpositive=True)
-    check_form(form, FORMS)
-    check_chunk_size(chunk_size)
-    H = dims.H
-    g = None if log_decay is None else log_decay.transpose(1, 2)
-    out = _linear_forms(
-        heads_first(q, H), heads_first(k, H), heads_first(v, H), g, None, form, chunk_size,
-        lambda q_, k_, g_, _: decay_attention_matrix(q_, k_, g_),
-    )
-    return time_first(out)

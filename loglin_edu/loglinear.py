@@ -6,32 +6,22 @@ DeltaNet's delta rule); ``M^H[t, s] = λ[t, level(t, s)]`` weights every Fenwick
 - ``naive``:     the dense ``T × T`` matrices: O(T²) time and memory.
 - ``recurrent``: token by token with a :class:`~loglin_edu.state.FenwickState`: O(log T) states.
 - ``chunkwise``: the chunk scan of :mod:`loglin_edu.chunk_scan`: O(T log T), no ``T × T`` tensor.
-- ``triton``:    the Triton kernels of :mod:`loglin_edu.kernels` (log-linear Mamba-2: decay only, no
-  delta rule): a Fenwick tree of chunk states, O(T log T). The default on CUDA tensors; on a CPU it
-  runs under Triton's interpreter. In ``FORMS`` where triton is installed; not in
-  ``loglinear_attention.forms`` (``REFERENCE_FORMS``: the forms every variant has, which
-  ``compare_forms`` runs by default).
+
+The forms are heads-first (``[B, H, T, D]``). The public operator
+:func:`~loglin_edu.ops.loglinear_attention` checks its ``[B, T, H, D]`` inputs and dispatches to them,
+and to the Triton kernels of :mod:`loglin_edu.kernels` (``form="triton"``).
 
 ``level_scales ≡ 1`` recovers the linear model exactly.
 """
 
 from __future__ import annotations
 
-from importlib.util import find_spec
-
 import torch
 
-from ._checks import check_chunk_size, check_form, check_gate, check_level_scales, check_qkv
-from ._layout import heads_first, time_first
-from .chunk_scan import chunk_scan
 from .deltanet import delta_attention_matrix
 from .linear import decay_attention_matrix
 from .masks import hierarchical_mask
 from .state import FenwickState
-
-REFERENCE_FORMS = ("naive", "recurrent", "chunkwise")
-KERNEL_FORMS = ("triton",) if find_spec("triton") is not None else ()
-FORMS = REFERENCE_FORMS + KERNEL_FORMS
 
 
 def recurrent_loglinear(q, k, v, level_scales, log_decay=None, beta=None) -> torch.Tensor:
@@ -60,60 +50,3 @@ def naive_loglinear(q, k, v, level_scales, log_decay=None, beta=None) -> torch.T
     else:
         matrix = delta_attention_matrix(q, k, log_decay, beta)
     return (matrix * hierarchical_mask(level_scales.transpose(1, 2))) @ v
-
-
-def loglinear_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    level_scales: torch.Tensor,
-    log_decay: torch.Tensor | None = None,
-    beta: torch.Tensor | None = None,
-    *,
-    form: str | None = None,
-    chunk_size: int = 64,
-) -> torch.Tensor:
-    """Log-linear attention over any linear model of the book.
-
-    q, k: ``[B, T, H, K]`` (or ``H = 1``: shared by all heads); v: ``[B, T, H, V]``;
-    level_scales: ``[B, T, H, L]`` with ``L >= num_levels(T)`` (λ, indexed by query and level);
-    log_decay: ``[B, T, H]`` with ``g <= 0`` or None (no decay); beta: ``[B, T, H]`` or None (no delta
-    rule). Log-linear Mamba-2 passes ``log_decay``; log-linear Gated DeltaNet passes both.
-    form: ``"naive"``, ``"recurrent"``, ``"chunkwise"`` or ``"triton"`` (decay only, no ``beta``); None
-    (the default) means ``"triton"`` for CUDA tensors of fp32/fp16/bf16 without ``beta``, ``"chunkwise"``
-    otherwise. chunk_size: a power of two (chunkwise and triton; triton raises it to at least 16).
-    Returns ``[B, T, H, V]``. No scale or normalisation is applied to q, k.
-    """
-    dims = check_qkv(q, k, v)
-    check_level_scales(level_scales, dims, q)
-    if log_decay is not None:
-        check_gate("log_decay", log_decay, dims, q, nonpositive=True)
-    if beta is not None:
-        check_gate("beta", beta, dims, q)
-    if form is None:
-        fast = q.is_cuda and beta is None and q.dtype in (torch.float32, torch.float16, torch.bfloat16)
-        form = "triton" if fast and KERNEL_FORMS else "chunkwise"
-    check_form(form, FORMS)
-    check_chunk_size(chunk_size)
-    if form == "triton":
-        if beta is not None:
-            raise ValueError(
-                "form='triton' computes log-linear Mamba-2 (log_decay only); for the delta rule (beta) use "
-                f"one of {REFERENCE_FORMS}"
-            )
-        from .kernels.loglinear_mamba2 import loglinear_mamba2
-
-        return loglinear_mamba2(q, k, v, level_scales, log_decay, chunk_size=chunk_size)
-    H = dims.H
-    args = (
-        heads_first(q, H), heads_first(k, H), heads_first(v, H), level_scales.transpose(1, 2),
-        None if log_decay is None else log_decay.transpose(1, 2),
-        None if beta is None else beta.transpose(1, 2),
-    )
-    if form == "naive":
-        out = naive_loglinear(*args)
-    elif form == "recurrent":
-        out = recurrent_loglinear(*args)
-    else:
-        out = chunk_scan(*args, chunk_size=chunk_size)
-    return time_first(out)

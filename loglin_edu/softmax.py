@@ -8,19 +8,16 @@
 - ``chunkwise``: FlashAttention's online softmax over blocks of keys: a running maximum ``m``, a
   running sum ``l`` and an unnormalised accumulator, rescaled by ``exp(m_old - m_new)`` whenever the
   maximum grows. O(T²) time, O(T·C) memory.
+
+The forms are heads-first (``[B, H, T, D]``); :func:`~loglin_edu.ops.softmax_attention` checks its
+``[B, T, H, D]`` inputs and dispatches to them.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from ._checks import check_chunk_size, check_form, check_qkv
-from ._layout import heads_first, time_first
 from .masks import causal_mask
-
-FORMS = ("naive", "recurrent", "chunkwise")
 
 
 def naive_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -66,30 +63,3 @@ def chunkwise_softmax(
             running_max = new_max
         blocks.append(acc / running_sum[..., None])
     return torch.cat(blocks, dim=2)
-
-
-def softmax_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    scale: float | None = None,
-    form: str = "chunkwise",
-    chunk_size: int = 64,
-) -> torch.Tensor:
-    """Causal softmax attention. q, k: ``[B, T, H, K]`` (or ``H = 1``); v: ``[B, T, H, V]``.
-
-    scale: multiplies ``q · k`` inside the softmax (``1/√K`` when None). Returns ``[B, T, H, V]``.
-    """
-    dims = check_qkv(q, k, v)
-    check_form(form, FORMS)
-    check_chunk_size(chunk_size)
-    scale = 1.0 / math.sqrt(dims.K) if scale is None else float(scale)
-    q, k, v = (heads_first(x, dims.H) for x in (q, k, v))
-    if form == "naive":
-        out = naive_softmax(q, k, v, scale)
-    elif form == "recurrent":
-        out = recurrent_softmax(q, k, v, scale)
-    else:
-        out = chunkwise_softmax(q, k, v, scale, chunk_size)
-    return time_first(out)

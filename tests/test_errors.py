@@ -65,17 +65,22 @@ def test_tensors_on_different_devices():
 
 
 @pytest.mark.parametrize(
-    "fn, args",
+    "fn, args, words",
     [
-        (le.softmax_attention, lambda g: (g["q"], g["k"])),
-        (le.linear_attention, lambda g: (g["q"], g["k"][:, :, :, :2], g["v"])),
-        (le.mamba2_attention, lambda g: (g["q"], g["k"], g["v"], g["log_decay"][..., :1])),
-        (le.gated_deltanet_attention, lambda g: (g["q"], g["k"], g["v"], g["log_decay"], g["beta"][:1])),
+        (le.softmax_attention, lambda g: (g["q"], g["k"], g["v"][:, :, :1, :, None]), ["v", "[B, T, H, V]"]),
+        (le.linear_attention, lambda g: (g["q"], g["k"][:, :, :, :2], g["v"]), ["k", f"K={K}"]),
+        (le.mamba2_attention, lambda g: (g["q"], g["k"], g["v"], g["log_decay"][..., :1]), ["log_decay", f"H={H}"]),
+        (le.gated_deltanet_attention, lambda g: (g["q"], g["k"], g["v"], g["log_decay"], g["beta"][:1]),
+         ["beta", f"B={B}"]),
+        (le.gated_deltanet_attention, lambda g: (g["q"], g["k"], g["v"], g["log_decay"], None), ["beta", "None"]),
     ],
+    ids=["softmax", "linear", "mamba2", "gated_deltanet", "gated_deltanet_without_beta"],
 )
-def test_every_operator_checks_its_inputs(fn, args):
-    with pytest.raises((ValueError, TypeError)):
+def test_every_operator_checks_its_inputs(fn, args, words):
+    with pytest.raises((ValueError, TypeError)) as info:
         fn(*args(good()))
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
 
 
 @pytest.mark.parametrize("fn", [le.softmax_attention, le.linear_attention])
@@ -95,6 +100,7 @@ def test_decoding_state_needs_enough_levels():
         state.step(x, x, x, torch.ones(1, 1, 2))
 
 
-def test_compare_forms_needs_forms():
-    with pytest.raises(ValueError, match="forms must be given"):
-        le.compare_forms(lambda **kw: None)
+def test_compare_forms_needs_a_repeat():
+    g = good()
+    with pytest.raises(ValueError, match="repeats must be >= 1, got 0"):
+        le.compare_forms(le.linear_attention, g["q"], g["k"], g["v"], repeats=0)

@@ -12,14 +12,15 @@ import torch
 import loglin_edu as le
 from operators import assert_close
 
-kernels = pytest.importorskip("loglin_edu.kernels.loglinear_mamba2")
+kernels = pytest.importorskip("loglin_edu.kernels.step5_loglinear_mamba2")
 
 from loglin_edu.kernels import interpreted  # noqa: E402
-from loglin_edu.kernels._common import PRECISIONS, LaunchConfig, chunk_decay  # noqa: E402
-from loglin_edu.kernels.backward import loglinear_backward  # noqa: E402
-from loglin_edu.kernels.chunk_tree import loglinear_forward  # noqa: E402
-from loglin_edu.kernels.intra_chunk import intra_chunk  # noqa: E402
-from loglin_edu.kernels.mamba2_chunked import mamba2_triton  # noqa: E402
+from loglin_edu.kernels.config import PRECISIONS, LaunchConfig  # noqa: E402
+from loglin_edu.kernels.inputs import chunk_decay  # noqa: E402
+from loglin_edu.kernels.step4_tree_backward import loglinear_backward  # noqa: E402
+from loglin_edu.kernels.step3_chunk_tree import loglinear_forward  # noqa: E402
+from loglin_edu.kernels.step2_intra_chunk import intra_chunk  # noqa: E402
+from loglin_edu.kernels.step1_mamba2_chunked import mamba2_triton  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy's, from inside the interpreter
@@ -76,7 +77,7 @@ def test_step1_mamba2_forward_and_gradients(B, T, H, Hk, K, V, C):
 
 @pytest.mark.parametrize("T, Hk, C", [(50, 1, 16), (100, 2, 32)])
 def test_step2_intra_chunk_matches_the_chunk_scan_term(T, Hk, C):
-    from loglin_edu._layout import heads_first
+    from loglin_edu.layout import heads_first
     from loglin_edu.chunk_scan import intra_chunk_scales
     from loglin_edu.chunking import chunk_terms, split_chunks
 
@@ -127,7 +128,7 @@ def test_forward_and_every_gradient_match_float64(B, T, H, Hk, K, V, C, config):
 def test_16_bit_inputs_match_float64_of_the_same_rounded_inputs(precision):
     """fp16 through the whole autograd Function at every rung of the precision ladder (split leaf, fp32
     states, tf32x3 products): every output within fp16's rounding of float64 on the same fp16 inputs."""
-    from loglin_edu.bench import accuracy
+    from loglin_edu.bench.accuracy import accuracy
 
     result = accuracy((1, 300, 2, 1, 20, 24), torch.float16, torch.device(DEVICE),
                       config=LaunchConfig(block_levels=2, precision=precision))
@@ -139,16 +140,17 @@ def test_16_bit_inputs_match_float64_of_the_same_rounded_inputs(precision):
 def test_decay_gradient_does_not_grow_with_T_in_16_bit(node_type, monkeypatch):
     """``d log_decay`` is a reverse cumulative sum of terms whose total cancels; unless the backward
     uses exactly what the forward multiplied, its error grows like sqrt(T) (fp16, T = 2048: 7.9e-4
-    against 2.9e-4 for o, before the fix). fp16 stands in for bf16, whose dots the interpreter gets
+    against 2.9e-4 for o, with the leaf keys unrounded in the backward). fp16 stands in for bf16, whose dots the interpreter gets
     wrong; "16-bit nodes" stores the tree in fp16 as bf16 calls do, which exercises the nodes' residuals."""
-    from loglin_edu import bench
-    from loglin_edu.kernels import backward, chunk_tree
+    from loglin_edu.bench.accuracy import accuracy
+    from loglin_edu.kernels import step3_chunk_tree as chunk_tree
+    from loglin_edu.kernels import step4_tree_backward as backward
 
     if node_type == "16-bit nodes":
         sixteen = lambda dtype, precision="fast": torch.float16  # noqa: E731
         monkeypatch.setattr(chunk_tree, "state_dtype", sixteen)
         monkeypatch.setattr(backward, "state_dtype", sixteen)
-    errors = bench.accuracy((1, 2048, 2, 1, 16, 16), torch.float16, torch.device(DEVICE))["errors"]
+    errors = accuracy((1, 2048, 2, 1, 16, 16), torch.float16, torch.device(DEVICE))["errors"]
     others = max(e for name, e in errors.items() if name != "dlog_decay")
     assert errors["dlog_decay"] <= 1.5 * others, errors
 
@@ -232,9 +234,9 @@ def test_unit_level_scales_give_the_step1_mamba2_kernel():
 
 def test_delta_rule_is_refused_with_the_forms_that_have_it():
     q, k, v, lam, g = (x.float() for x in inputs(1, 8, 2, 2, 4, 4))
-    with pytest.raises(ValueError, match=r"form='triton'.*beta.*'naive', 'recurrent', 'chunkwise'"):
+    with pytest.raises(ValueError, match=r"form='triton'.*delta rule.*'naive', 'recurrent', 'chunkwise'"):
         le.loglinear_attention(q, k, v, lam, g, beta=torch.rand_like(g), form="triton")
-    assert "triton" in le.loglinear.FORMS
+    assert "triton" in le.ops.forms(loglinear=True) and "triton" not in le.ops.forms(loglinear=True, beta=True)
     assert le.loglinear_attention(q, k, v, lam, g).shape == v.shape  # form=None: chunkwise on the CPU
 
 
@@ -288,21 +290,22 @@ def test_guard_bands_no_read_or_write_out_of_bounds(shared):
 
 
 def test_benchmark_cpu_tier(tmp_path):
-    from loglin_edu import bench
+    from loglin_edu.bench.__main__ import main
+    from loglin_edu.bench.settings import CPU, counted_work
 
-    result = bench.main(["--tier", "cpu", "--lengths", "32", "--quiet", "--out", str(tmp_path / "b.json")])
+    result = main(["--tier", "cpu", "--lengths", "32", "--quiet", "--out", str(tmp_path / "b.json")])
     rows = {r["name"]: r for r in result["rows"]}
     assert all("forward_backward_ms" in r for r in rows.values()), rows
     assert (tmp_path / "b.json").exists() and (tmp_path / "b.png").exists() and result["complete"]
-    work = bench.counted_work(4, 32, bench.CPU)
+    work = counted_work(4, 32, CPU)
     assert work["forward_flops"] > 0 and rows["loglinear (ours, triton)"]["floor_forward_backward_ms"] > 0
 
 
 def test_benchmark_precision_ladder_cpu_tier(tmp_path):
-    from loglin_edu import bench
-    from loglin_edu.kernels._common import PRECISIONS
+    from loglin_edu.bench.__main__ import main
+    from loglin_edu.kernels.config import PRECISIONS
 
-    result = bench.main(["--tier", "cpu", "--precision", "--lengths", "32", "--quiet", "--out", str(tmp_path / "p.json")])
+    result = main(["--tier", "cpu", "--precision", "--lengths", "32", "--quiet", "--out", str(tmp_path / "p.json")])
     assert [r["precision"] for r in result["precision"]] == list(PRECISIONS)
     for row in result["precision"]:
         assert "forward_backward_ms" in row and max(row["errors"].values()) < 1e-5, row  # fp32 on the CPU tier

@@ -4,7 +4,6 @@ float64, up to T = 65,536. The float64 reference is the package's chunkwise form
 With ``LOGLIN_RECORD_ERRORS=path.json`` the measured errors are written there (book/results keeps them).
 """
 
-import json
 import os
 
 import pytest
@@ -39,12 +38,11 @@ def record():
     if path and RECORDED:
         import sys
 
-        from loglin_edu.bench import git_commit, versions
+        from loglin_edu.provenance import provenance, write_json
 
-        with open(path, "w") as f:
-            json.dump({"command": "LOGLIN_RECORD_ERRORS=... python -m pytest " + " ".join(sys.argv[1:]),
-                       "commit": git_commit(), "versions": versions(), "reference": "loglinear_attention(form='chunkwise') in float64 on the GPU",
-                       "bounds": {str(k).replace("torch.", ""): v for k, v in BOUND.items()}, "cases": RECORDED}, f, indent=1)
+        write_json(path, {**provenance("LOGLIN_RECORD_ERRORS=... python -m pytest " + " ".join(sys.argv[1:]), "cuda"),
+                          "reference": "loglinear_attention(form='chunkwise') in float64 on the GPU",
+                          "bounds": {str(k).replace("torch.", ""): v for k, v in BOUND.items()}, "cases": RECORDED})
 
 
 def _case_id(case) -> str:
@@ -54,8 +52,8 @@ def _case_id(case) -> str:
 
 @pytest.mark.parametrize("shape, dtype, config", CASES, ids=[_case_id(c) for c in CASES])
 def test_errors_against_float64(shape, dtype, config):
-    from loglin_edu.bench import accuracy
-    from loglin_edu.kernels._common import LaunchConfig
+    from loglin_edu.bench.accuracy import accuracy
+    from loglin_edu.kernels.config import LaunchConfig
 
     launch = None if config is None else LaunchConfig(precision=config)
     result = accuracy(shape, dtype, torch.device("cuda"), config=launch)
@@ -69,10 +67,10 @@ def test_errors_against_float64(shape, dtype, config):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_ladder_kernels_in_16_bit(K, V, dtype):
     """Steps 1 and 2 of the ladder in fp16/bf16 against their own fp32 run. Narrow head tiles (16, 32) once
-    gave NaN or 40 % errors here on an H200 (kernels/NOTES.md, run 8): ``head_block`` keeps them >= 64."""
+    give NaN or 40 % errors in 16-bit with Triton 3.6 on Hopper: ``head_block`` keeps them >= 64."""
     from loglin_edu.fenwick import num_levels
-    from loglin_edu.kernels.intra_chunk import intra_chunk
-    from loglin_edu.kernels.mamba2_chunked import mamba2_triton
+    from loglin_edu.kernels.step2_intra_chunk import intra_chunk
+    from loglin_edu.kernels.step1_mamba2_chunked import mamba2_triton
 
     B, T, H = 3, 333, 3
     gen = torch.Generator().manual_seed(0)
@@ -89,7 +87,7 @@ def test_ladder_kernels_in_16_bit(K, V, dtype):
 
 def test_default_form_on_cuda_is_triton():
     import loglin_edu as le
-    from loglin_edu.kernels import loglinear_mamba2 as kernel
+    from loglin_edu.kernels import step5_loglinear_mamba2 as kernel
 
     calls = []
     original = kernel.LogLinearMamba2.apply

@@ -18,10 +18,8 @@ from loglin_edu.layers import (
     SoftmaxAttention,
     build_model,
     count_parameters,
-    mix,
-    resolve_backend,
-    triton_form_available,
 )
+from loglin_edu.ops import KERNEL_FORM, forms, mix, resolve_backend
 from loglin_edu.train import Ensemble
 from operators import assert_close
 
@@ -115,20 +113,22 @@ def test_model_rejects_sequences_past_max_len():
 def test_triton_backend_refuses_what_its_kernel_does_not_compute():
     q = torch.zeros(1, 4, 1, 2)
     v = torch.zeros(1, 4, 1, 2)
-    with pytest.raises(ValueError, match="level_scales and no beta"):
-        mix(q, q, v, torch.zeros(1, 4, 1), backend="triton")  # linear, no level scales
-    with pytest.raises(ValueError, match="level_scales and no beta"):
-        mix(q, q, v, torch.zeros(1, 4, 1), torch.ones(1, 4, 1), torch.ones(1, 4, 1, 3), backend="triton")
+    with pytest.raises(ValueError, match="level_scales are needed and beta must be None"):
+        mix(q, q, v, torch.zeros(1, 4, 1), form="triton")  # linear, no level scales
+    with pytest.raises(ValueError, match="level_scales are needed and beta must be None"):
+        mix(q, q, v, torch.zeros(1, 4, 1), torch.ones(1, 4, 1), torch.ones(1, 4, 1, 3), form="triton")
 
 
 def test_backend_resolution():
     x = torch.zeros(1)
-    assert resolve_backend("auto", x, has_kernel=True) == "torch"  # CPU tensor
-    assert resolve_backend("torch", x, has_kernel=True) == "torch"
+    assert resolve_backend("auto", x, loglinear=True, beta=False) == "torch"  # CPU tensor
+    assert resolve_backend("torch", x, loglinear=True, beta=False) == "torch"
     with pytest.raises(ValueError, match="backend must be one of"):
-        resolve_backend("cuda", x, has_kernel=True)
-    with pytest.raises(ValueError, match="no Triton kernel"):
-        resolve_backend("triton", x, has_kernel=False)
+        resolve_backend("cuda", x, loglinear=True, beta=False)
+    with pytest.raises(ValueError, match="without the delta rule"):
+        resolve_backend("triton", x, loglinear=True, beta=True)
+    with pytest.raises(ValueError, match="without the delta rule"):
+        resolve_backend("triton", x, loglinear=False, beta=False)
     with pytest.raises(ValueError, match="backend must be one of"):
         SoftmaxAttention(D, backend="triton")
     with pytest.raises(ValueError, match="form must be one of"):
@@ -138,7 +138,7 @@ def test_backend_resolution():
 TRITON_ON_CPU = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@pytest.mark.skipif(not triton_form_available(), reason="loglinear_attention has no form='triton' yet")
+@pytest.mark.skipif(KERNEL_FORM not in forms(loglinear=True), reason="triton is not installed")
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_triton_backend_matches_torch(device):
     if device == "cpu" and not TRITON_ON_CPU:
@@ -155,7 +155,7 @@ def test_triton_backend_matches_torch(device):
         assert rel(g, ref[2][n]) < 5e-3, n
 
 
-@pytest.mark.skipif(not triton_form_available(), reason="loglinear_attention has no form='triton' yet")
+@pytest.mark.skipif(KERNEL_FORM not in forms(loglinear=True), reason="triton is not installed")
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_triton_backend_trains_inside_the_ensemble(device):
     """The training ensemble (vmap over members) on the Triton backend: one training step of log-linear

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..fenwick import _bit_length
+from ..fenwick import bit_length
 
 IGNORE_INDEX = -100
 
@@ -54,7 +54,7 @@ class RecallSet:
 
     def levels(self) -> torch.Tensor:
         """``[N, Q]``: the Fenwick level of each answer's source seen from its query, ``level(t, s)``."""
-        return _bit_length(self.query_positions ^ self.source_positions)
+        return bit_length(self.query_positions ^ self.source_positions)
 
     def select(self, rows: torch.Tensor) -> "RecallSet":
         """The sequences ``rows`` (a 1-D index tensor on this set's device)."""

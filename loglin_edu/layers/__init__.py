@@ -4,19 +4,17 @@
   :class:`GatedDeltaNet`, :class:`LogLinearGatedDeltaNet`: ``[B, T, d_model] -> [B, T, d_model]``.
 - :class:`LanguageModel` with a :class:`ModelConfig`; :func:`build_model`, :func:`count_parameters`.
 
-Every mixer calls the package's operators (:mod:`loglin_edu.layers.mixing`); ``backend`` picks the
-PyTorch forms or the Triton kernel.
+Every mixer calls the package's operators through :func:`loglin_edu.ops.mix`; ``backend`` picks the
+PyTorch forms or the Triton kernel (:func:`loglin_edu.ops.resolve_backend`).
 """
 
 from .attention import SoftmaxAttention
 from .gated_deltanet import GatedDeltaNet, LogLinearGatedDeltaNet
 from .mamba2 import LogLinearMamba2, Mamba2
-from .mixing import BACKENDS, mix, resolve_backend, triton_form_available
 from .model import LOGLINEAR_MIXERS, MIXERS, LanguageModel, ModelConfig, build_model, count_parameters
 from .parts import GatedRMSNorm, LevelScales, RMSNorm, ShortConvolution, rotary
 
 __all__ = [
-    "BACKENDS",
     "GatedDeltaNet",
     "GatedRMSNorm",
     "LOGLINEAR_MIXERS",
@@ -32,8 +30,5 @@ __all__ = [
     "SoftmaxAttention",
     "build_model",
     "count_parameters",
-    "mix",
-    "resolve_backend",
     "rotary",
-    "triton_form_available",
 ]

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..softmax import softmax_attention
-from .mixing import check_form
+from ..checks import check_form
+from ..ops import REFERENCE_FORMS, softmax_attention
 from .parts import rotary
 
 SOFTMAX_BACKENDS = ("auto", "torch", "sdpa")
@@ -21,11 +21,9 @@ class SoftmaxAttention(nn.Module):
 
     backend: ``"torch"`` runs the package's :func:`~loglin_edu.softmax_attention` (``form`` = naive,
     recurrent or chunkwise); ``"sdpa"`` runs PyTorch's fused ``scaled_dot_product_attention`` (the
-    FlashAttention kernel on a GPU); ``"auto"`` picks ``"sdpa"`` on CUDA outside ``vmap`` (the fused
-    kernels have no batching rule there) and ``"torch"`` elsewhere.
+    FlashAttention kernel on a GPU); ``"auto"`` picks ``"sdpa"`` on CUDA and ``"torch"`` elsewhere. Inside
+    :func:`torch.func.vmap` SDPA is correct but runs member by member: an ensemble picks ``"torch"``.
     """
-
-    has_kernel = False
 
     def __init__(
         self,
@@ -42,7 +40,7 @@ class SoftmaxAttention(nn.Module):
             raise ValueError(f"d_model={d_model} must split into num_heads={num_heads} heads of even width")
         if backend not in SOFTMAX_BACKENDS:
             raise ValueError(f"backend must be one of {SOFTMAX_BACKENDS}, got {backend!r}")
-        check_form(form)
+        check_form(form, REFERENCE_FORMS)
         self.num_heads, self.head_dim = num_heads, d_model // num_heads
         self.rope_base, self.backend, self.form, self.chunk_size = rope_base, backend, form, chunk_size
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
@@ -51,8 +49,7 @@ class SoftmaxAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x).unflatten(-1, (3, self.num_heads, self.head_dim)).unbind(2)  # [B, T, H, D_h]
         q, k = rotary(q, self.rope_base), rotary(k, self.rope_base)
-        fused_ok = x.is_cuda and not torch._C._functorch.is_batchedtensor(x)
-        backend = self.backend if self.backend != "auto" else ("sdpa" if fused_ok else "torch")
+        backend = self.backend if self.backend != "auto" else ("sdpa" if x.is_cuda else "torch")
         if backend == "sdpa":
             o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
             o = o.transpose(1, 2)

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..fenwick import num_levels
-from .mixing import check_form, mix, resolve_backend
+from ..checks import check_form
+from ..ops import REFERENCE_FORMS, mix, resolve_backend
 from .parts import GatedRMSNorm, LevelScales, ShortConvolution, inverse_softplus, log_uniform
 
 
@@ -30,8 +31,6 @@ class GatedDeltaNet(nn.Module):
     num_heads: H; head_dim: K (``d_model // num_heads`` when None); expand_v: ``V / K``; conv_size:
     short convolution width; backend/form/chunk_size: how the operator runs.
     """
-
-    has_kernel = False
 
     def __init__(
         self,
@@ -48,7 +47,7 @@ class GatedDeltaNet(nn.Module):
         chunk_size: int = 64,
     ) -> None:
         super().__init__()
-        check_form(form)
+        check_form(form, REFERENCE_FORMS)
         self.num_heads = num_heads
         self.key_dim = d_model // num_heads if head_dim is None else head_dim
         self.value_dim = expand_v * self.key_dim
@@ -81,8 +80,8 @@ class GatedDeltaNet(nn.Module):
     def mixer(self, q, k, v, log_decay, beta, x) -> torch.Tensor:
         """``gated_deltanet_attention(q, k, v, log_decay, beta)`` on the chosen backend. q, k: ``[B, T, H, K]``;
         v: ``[B, T, H, V]``; log_decay, beta: ``[B, T, H]``; x: the layer input. Returns ``[B, T, H, V]``."""
-        backend = resolve_backend(self.backend, v, self.has_kernel)
-        return mix(q, k, v, log_decay, beta, backend=backend, form=self.form, chunk_size=self.chunk_size)
+        form = "triton" if resolve_backend(self.backend, v, loglinear=False, beta=True) == "triton" else self.form
+        return mix(q, k, v, log_decay, beta, form=form, chunk_size=self.chunk_size)
 
 
 class LogLinearGatedDeltaNet(GatedDeltaNet):
@@ -92,8 +91,6 @@ class LogLinearGatedDeltaNet(GatedDeltaNet):
     :class:`GatedDeltaNet`.
     """
 
-    has_kernel = False  # the package's Triton kernel covers the decay-only (Mamba-2) variant
-
     def __init__(self, d_model: int, *, max_len: int = 2048, **kwargs) -> None:
         super().__init__(d_model, **kwargs)
         self.levels = LevelScales(self.num_heads, max_len)
@@ -102,5 +99,5 @@ class LogLinearGatedDeltaNet(GatedDeltaNet):
     def mixer(self, q, k, v, log_decay, beta, x) -> torch.Tensor:
         """``loglinear_attention(q, k, v, λ, log_decay, beta)`` with ``λ = softplus(L · l_proj(x))``."""
         level_scales = self.levels(self.l_proj(x))
-        backend = resolve_backend(self.backend, v, self.has_kernel)
-        return mix(q, k, v, log_decay, beta, level_scales, backend=backend, form=self.form, chunk_size=self.chunk_size)
+        form = "triton" if resolve_backend(self.backend, v, loglinear=True, beta=True) == "triton" else self.form
+        return mix(q, k, v, log_decay, beta, level_scales, form=form, chunk_size=self.chunk_size)

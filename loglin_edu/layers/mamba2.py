@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..fenwick import num_levels
-from .mixing import check_form, mix, resolve_backend
+from ..checks import check_form
+from ..ops import REFERENCE_FORMS, mix, resolve_backend
 from .parts import GatedRMSNorm, LevelScales, ShortConvolution, inverse_softplus, log_uniform
 
 
@@ -27,10 +28,8 @@ class Mamba2(nn.Module):
     """Mamba-2 layer (module docstring). x: ``[B, T, d_model]`` -> ``[B, T, d_model]``.
 
     d_state: N; head_dim: P; expand: inner width ``expand · d_model = H · P``; conv_size: short
-    convolution width; backend/form/chunk_size: how the operator runs (:mod:`loglin_edu.layers.mixing`).
+    convolution width; backend/form/chunk_size: how the operator runs (:func:`loglin_edu.ops.resolve_backend`, :func:`~loglin_edu.ops.mix`).
     """
-
-    has_kernel = False  # no Triton kernel for linear Mamba-2 in this package
 
     def __init__(
         self,
@@ -50,7 +49,7 @@ class Mamba2(nn.Module):
         d_inner = expand * d_model
         if d_inner % head_dim:
             raise ValueError(f"expand·d_model={d_inner} must be a multiple of head_dim={head_dim}")
-        check_form(form)
+        check_form(form, REFERENCE_FORMS)
         self.d_inner, self.d_state, self.head_dim = d_inner, d_state, head_dim
         self.num_heads = d_inner // head_dim
         self.backend, self.form, self.chunk_size = backend, form, chunk_size
@@ -82,8 +81,8 @@ class Mamba2(nn.Module):
     def mixer(self, q, k, v, log_decay, extra) -> torch.Tensor:
         """``mamba2_attention(q, k, v, log_decay)`` on the chosen backend. q, k: ``[B, T, 1, N]``; v:
         ``[B, T, H, P]``; log_decay: ``[B, T, H]``. Returns ``[B, T, H, P]``."""
-        backend = resolve_backend(self.backend, v, self.has_kernel)
-        return mix(q, k, v, log_decay, backend=backend, form=self.form, chunk_size=self.chunk_size)
+        form = "triton" if resolve_backend(self.backend, v, loglinear=False, beta=False) == "triton" else self.form
+        return mix(q, k, v, log_decay, form=form, chunk_size=self.chunk_size)
 
 
 class LogLinearMamba2(Mamba2):
@@ -92,8 +91,6 @@ class LogLinearMamba2(Mamba2):
     max_len: the longest sequence the layer accepts; it fixes the number of levels ``num_levels(max_len)``.
     Other arguments as :class:`Mamba2`.
     """
-
-    has_kernel = True  # loglinear_attention(..., form="triton") when the package provides it
 
     def __init__(self, d_model: int, *, max_len: int = 2048, **kwargs) -> None:
         self.max_len = max_len  # read by extra_outputs() while Mamba2.__init__ builds in_proj
@@ -107,5 +104,5 @@ class LogLinearMamba2(Mamba2):
     def mixer(self, q, k, v, log_decay, extra) -> torch.Tensor:
         """``loglinear_attention(q, k, v, λ, log_decay)`` with ``λ = softplus(L · dl)``, ``dl = extra``."""
         level_scales = self.levels(extra)
-        backend = resolve_backend(self.backend, v, self.has_kernel)
-        return mix(q, k, v, log_decay, None, level_scales, backend=backend, form=self.form, chunk_size=self.chunk_size)
+        form = "triton" if resolve_backend(self.backend, v, loglinear=True, beta=False) == "triton" else self.form
+        return mix(q, k, v, log_decay, None, level_scales, form=form, chunk_size=self.chunk_size)

@@ -14,7 +14,7 @@ from matplotlib.animation import FuncAnimation
 from matplotlib.patches import Rectangle
 
 from ..fenwick import level_matrix, num_levels
-from .figures import _label_positions, draw_blocks, draw_buckets, draw_levels, draw_stages, level_colormap, stage_table
+from .figures import label_positions, draw_blocks, draw_buckets, draw_levels, draw_stages, level_colormap, stage_table
 
 
 def query_animation(seq_len: int) -> FuncAnimation:
@@ -47,7 +47,7 @@ def level_animation(seq_len: int) -> FuncAnimation:
             draw_blocks(seq_len, ax, min_size=1 << (lvl - 1))
         count = int((levels == lvl).sum())
         ax.set_title(f"level {lvl}: {count} pairs (t, s)")
-        _label_positions(ax)
+        label_positions(ax)
 
     return FuncAnimation(fig, frame, frames=range(num_levels(seq_len)), interval=800)
 

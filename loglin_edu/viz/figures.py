@@ -31,7 +31,7 @@ def _axes(ax, size=(4.5, 4.0)):
     return ax
 
 
-def _label_positions(ax):
+def label_positions(ax):
     """Integer ticks and the ``s`` across / ``t`` down labels of every ``M[t, s]`` picture."""
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -57,7 +57,7 @@ def draw_matrix(
     image = ax.imshow(values, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
     if colorbar:
         ax.figure.colorbar(image, ax=ax, shrink=0.8)
-    _label_positions(ax)
+    label_positions(ax)
     if title:
         ax.set_title(title)
     return ax
@@ -82,7 +82,7 @@ def draw_levels(seq_len: int, ax=None, *, query: int | None = None, numbers: boo
                 ax.text(s, t, int(levels[t, s]), ha="center", va="center", fontsize=7, color="white")
     if query is not None:
         ax.add_patch(Rectangle((-0.5, query - 0.5), seq_len, 1, fill=False, lw=2, ec="black"))
-    _label_positions(ax)
+    label_positions(ax)
     ax.set_title(f"level(t, s), T = {seq_len}")
     return ax
 
@@ -214,7 +214,7 @@ def draw_stages(seq_len: int, chunk_size: int, ax=None, *, upto: int | None = No
     for edge in range(chunk_size, seq_len, chunk_size):
         ax.axhline(edge - 0.5, color="white", lw=0.6)
         ax.axvline(edge - 0.5, color="white", lw=0.6)
-    _label_positions(ax)
+    label_positions(ax)
     ax.set_title(f"chunk-scan stage, T = {seq_len}, C = {chunk_size}")
     return ax
 

@@ -6,11 +6,12 @@ does not change. :func:`best_median_seconds` keeps the least disturbed of severa
 
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
+
+from ..timing import median_ms
 
 
 def matmul_flops(fn: Callable) -> int:
@@ -21,13 +22,8 @@ def matmul_flops(fn: Callable) -> int:
 
 
 def median_seconds(fn: Callable, repeats: int = 3) -> float:
-    """Median wall-clock seconds of ``repeats`` calls of ``fn()`` (CPU; synchronise first for a GPU)."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+    """Median wall-clock seconds of ``repeats`` calls of ``fn()`` on the CPU (:func:`~loglin_edu.timing.median_ms`)."""
+    return median_ms(fn, repeats=repeats, warmup=0) / 1e3
 
 
 def best_median_seconds(fn: Callable, repeats: int = 5, rounds: int = 3, threads: int | None = 1) -> float:

@@ -20,12 +20,14 @@ from __future__ import annotations
 import torch
 
 from . import interpreted
-from ._common import MAX_BLOCK, LaunchConfig, chunk_decay, last_dim_contiguous, reverse_cumsum
-from .backward import loglinear_backward
-from .chunk_tree import FenwickTree, loglinear_forward
+from .config import MAX_BLOCK, LaunchConfig
+from .inputs import chunk_decay, last_dim_contiguous, reverse_cumsum, same_strides
+from .step3_chunk_tree import FenwickTree, loglinear_forward
+from .step4_tree_backward import loglinear_backward
 
 CONFIG = LaunchConfig(head_group=1, block_levels=4, num_warps=4, tree_warps=4)
-"""Launch configuration used by :func:`loglinear_mamba2` (measured on an H200: see kernels/NOTES.md)."""
+"""Launch configuration used by :func:`loglinear_mamba2`: the fastest of the variants ``python -m loglin_edu.bench
+--variants`` times."""
 
 
 class LogLinearMamba2(torch.autograd.Function):
@@ -33,7 +35,7 @@ class LogLinearMamba2(torch.autograd.Function):
     config)`` for ``K, V <= 128``.
 
     Only ``o`` is differentiable; ``gc, gend`` (the decay sums) and ``nodes, residuals`` (the Fenwick tree of
-    states, :class:`~loglin_edu.kernels.chunk_tree.FenwickTree`) are what the backward needs. Under
+    states, :class:`~loglin_edu.kernels.step3_chunk_tree.FenwickTree`) are what the backward needs. Under
     :func:`torch.func.vmap` (the training ensemble) the mapped dimension is folded into the batch — every
     sequence is independent — so the kernels run once for all members.
     """
@@ -91,10 +93,8 @@ class LogLinearMamba2(torch.autograd.Function):
 
 def _prepared(q, k, v, level_scales):
     """What the kernels read: last dimensions contiguous, q and k with equal strides."""
-    q, k, v, level_scales = (last_dim_contiguous(x) for x in (q, k, v, level_scales))
-    if q.stride() != k.stride():
-        q, k = q.contiguous(), k.contiguous()
-    return q, k, v, level_scales
+    q, k = same_strides(q, k)
+    return q, k, last_dim_contiguous(v), last_dim_contiguous(level_scales)
 
 
 def loglinear_mamba2(q, k, v, level_scales, log_decay=None, chunk_size: int = 64,
@@ -108,8 +108,8 @@ def loglinear_mamba2(q, k, v, level_scales, log_decay=None, chunk_size: int = 64
     """
     if not q.is_cuda and not interpreted():
         raise RuntimeError(
-            "the Triton kernels got CPU tensors but triton is not in interpreter mode: set TRITON_INTERPRET=1 "
-            "before triton is first imported (importing loglin_edu.kernels first does it on a machine without CUDA)"
+            "the Triton kernels got CPU tensors but triton is not in interpreter mode: set TRITON_INTERPRET=1 in the "
+            "environment before triton is first imported (os.environ['TRITON_INTERPRET'] = '1')"
         )
     chunk_size = max(chunk_size, 16)
     config = config or CONFIG

@@ -30,45 +30,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import MAX_BLOCK, accumulator_dtype, chunk_decay, dot_precision, head_block, last_dim_contiguous, reverse_cumsum
-
-
-@triton.jit
-def decay_matrix(gc, C: tl.constexpr):
-    """``E[i, j] = exp(gc_i - gc_j)`` for ``j <= i``, 0 above: the chunk's block of ``M^S``. gc: [C] -> [C, C]."""
-    i = tl.arange(0, C)
-    causal = i[:, None] >= i[None, :]
-    return tl.where(causal, tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0)), 0.0)
-
-
-@triton.jit
-def load_tile(ptr, stride_t, t, T, cols, width):
-    """``x[t, cols]``: rows ``t: [C]`` (tokens), columns ``cols: [BD]``; zero where ``t >= T`` or ``col >= width``."""
-    mask = (t[:, None] < T) & (cols[None, :] < width)
-    return tl.load(ptr + t[:, None].to(tl.int64) * stride_t + cols[None, :], mask=mask, other=0.0)
-
-
-@triton.jit
-def load_qk_scores(q_ptr, k_ptr, stride_t, t, T, rk, K, IP: tl.constexpr):
-    """One head's chunk of q and k (``[C, BK]`` each, zero past ``T`` and ``K``) and its scores ``Q Kᵀ`` (``[C, C]``)."""
-    q = load_tile(q_ptr, stride_t, t, T, rk, K)
-    k = load_tile(k_ptr, stride_t, t, T, rk, K)
-    return q, k, tl.dot(q, tl.trans(k), input_precision=IP)
-
-
-@triton.jit
-def split16(x, dtype):
-    """``(hi, lo)`` in the 16-bit ``dtype`` with ``hi + lo = x`` to about 2^-16 relative: an fp32 block as two
-    operands of 16-bit products, which multiply exactly (tf32 would round ``x`` to 2^-11)."""
-    hi = x.to(dtype)
-    return hi, (x - hi.to(x.dtype)).to(dtype)
-
-
-@triton.jit
-def store_tile(ptr, stride_t, t, T, cols, width, x):
-    """Store ``x: [C, BD]`` at rows ``t`` and columns ``cols``, only inside ``t < T`` and ``col < width``."""
-    mask = (t[:, None] < T) & (cols[None, :] < width)
-    tl.store(ptr + t[:, None].to(tl.int64) * stride_t + cols[None, :], x.to(ptr.dtype.element_ty), mask=mask)
+from .config import MAX_BLOCK, accumulator_dtype, dot_precision, head_block
+from .inputs import chunk_decay, last_dim_contiguous, reverse_cumsum, same_strides
+from .tiles import decay_matrix, load_qk_scores, load_tile, store_tile
 
 
 @triton.jit
@@ -179,7 +143,7 @@ def _launch_shape(q, v, chunk_size):
 
 def mamba2_forward(q, k, v, gc, chunk_size: int = 64, num_warps: int = 4) -> torch.Tensor:
     """Forward of step 1. q, k: ``[B, T, H or 1, K]`` (same strides); v: ``[B, T, H, V]``;
-    gc: ``[B, H, N·C]`` from :func:`~loglin_edu.kernels._common.chunk_decay`. Returns o ``[B, T, H, V]``."""
+    gc: ``[B, H, N·C]`` from :func:`~loglin_edu.kernels.inputs.chunk_decay`. Returns o ``[B, T, H, V]``."""
     B, T, H, K, V, BK, BV, NV, N = _launch_shape(q, v, chunk_size)
     o = torch.empty(B, T, H, V, device=v.device, dtype=v.dtype)
     sqh = 0 if q.shape[2] == 1 else q.stride(2)
@@ -218,9 +182,8 @@ class Mamba2Chunked(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, log_decay, chunk_size):
-        q, k, v = (last_dim_contiguous(x) for x in (q, k, v))
-        if q.stride() != k.stride():
-            q, k = q.contiguous(), k.contiguous()
+        q, k = same_strides(q, k)
+        v = last_dim_contiguous(v)
         B, T, H = v.shape[:3]
         gc, _ = chunk_decay(log_decay, B, T, H, chunk_size, q.device, q.dtype)
         ctx.save_for_backward(q, k, v, gc)

@@ -1,13 +1,7 @@
-"""Host-side helpers shared by the kernels: block sizes, dot precision, and the decay prefix sums.
+"""How the kernels are launched: tile widths, the precision ladder of 16-bit calls, and :class:`LaunchConfig`.
 
-Every kernel reads ``[B, T, H, D]`` tensors through their strides (the last dimension contiguous); the
-decay is prepared here, once per call, as two small tensors:
-
-    gc[b, h, t]   = Σ_{chunk start <= r <= t} g_r      (fp32, within-chunk cumulative sum, [B, H, N·C])
-    gend[b, h, c] = Σ_{r <= last token of chunk c} g_r  (fp64, global, [B, H, N])
-
-Kernels take differences of ``gend`` in fp64 and convert them to fp32 only then, so a long sequence
-never subtracts two large fp32 numbers; within a chunk ``gc`` is small and fp32 suffices.
+Nothing here changes what a kernel computes, only how: every choice below gives the same function to the
+accuracy its dtype allows.
 """
 
 from __future__ import annotations
@@ -15,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from ..fenwick import num_chunk_levels
 
 MAX_BLOCK = 128  # widest K or V tile one program holds; wider heads are split by the wrappers
 
@@ -28,13 +24,18 @@ def block(n: int, minimum: int = 16) -> int:
 def head_block(n: int) -> int:
     """Tile width of a key or value dimension (``K`` or ``V``, the operands of the state products).
 
-    At least 64 on a GPU: with 16- or 32-wide tiles, Triton 3.6 on an H200 computed wrong fp16/bf16
-    outputs (NaN, or errors of 30-100 %) in the state-reading kernels while the interpreter was exact
-    (kernels/NOTES.md, run 8). The interpreter keeps the narrow tiles, which are correct and cheaper there.
+    At least 64 on a GPU: with 16- or 32-wide tiles, the fp16/bf16 state-reading kernels compiled by Triton 3.6
+    for Hopper give wrong outputs (NaN, or errors of 30-100 %) while the interpreter is exact; the GPU tests
+    cover narrow heads. The interpreter keeps the narrow tiles, which are correct and cheaper there.
     """
     from . import interpreted
 
     return block(n, 16 if interpreted() else 64)
+
+
+def level_block(T: int, chunk_size: int) -> int:
+    """``BL``: columns of the level-scale tile, covering levels ``0..log2 C + n`` (``n`` chunk levels)."""
+    return block(chunk_size.bit_length() + num_chunk_levels(T, chunk_size))
 
 
 PRECISIONS = ("fast", "split", "fp32", "exact")
@@ -48,13 +49,14 @@ PRECISIONS = ("fast", "split", "fp32", "exact")
 - ``"exact"``: and those products in tf32x3 (three tf32 passes, about fp32 accuracy).
 
 fp32 and fp64 calls ignore it: their products are exact (``"ieee"``) and their states keep their type.
-Every rung meets the bf16 bound of 1e-2 on o and every gradient up to T = 65,536; measured on an H200 at
-that length (book/results/kernels_precision_ladder_h200.json), forward+backward 19.4 / 19.7 / 22.1 /
-34.5 ms and the largest error 2.5e-3 / 2.4e-3 / 4.1e-3 / 2.3e-3. The default is the fastest.
+Every rung meets the bf16 bound of 1e-2 on o and every gradient up to T = 65,536, so the default is the
+fastest; the book's chapter 9 shows the measured time and errors of each rung
+(``python -m loglin_edu.bench --precision``).
 """
 
 
 def check_precision(precision: str) -> None:
+    """``precision`` must name a rung of :data:`PRECISIONS`."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
 
@@ -87,35 +89,6 @@ def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def chunk_decay(log_decay: torch.Tensor | None, B: int, T: int, H: int, chunk_size: int, device,
-                dtype: torch.dtype = torch.float32) -> tuple:
-    """``(gc, gend)`` of the module docstring from ``log_decay: [B, T, H]`` (or None: no decay).
-
-    Returns ``gc: [B, H, N·C]`` (``accumulator_dtype(dtype)``; kernels take their accumulator type
-    from it) and ``gend: [B, H, N]`` (fp64), padded tokens decaying by nothing.
-    """
-    n_chunks = -(-T // chunk_size)
-    acc = accumulator_dtype(dtype)
-    if log_decay is None:
-        return (torch.zeros(B, H, n_chunks * chunk_size, device=device, dtype=acc),
-                torch.zeros(B, H, n_chunks, device=device, dtype=torch.float64))
-    g = torch.zeros(B, H, n_chunks * chunk_size, device=device, dtype=acc)
-    g[:, :, :T] = log_decay.transpose(1, 2)
-    gc = g.view(B, H, n_chunks, chunk_size).cumsum(-1)
-    gend = gc[..., -1].double().cumsum(-1)
-    return gc.view(B, H, -1).contiguous(), gend.contiguous()
-
-
-def reverse_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """``y_t = Σ_{r >= t} x_r`` along ``dim``, in fp64."""
-    return x.double().flip(dim).cumsum(dim).flip(dim)
-
-
-def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
-    """Kernels index the last dimension with stride 1; other strides are free (views are fine)."""
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
 @dataclass(frozen=True)
 class LaunchConfig:
     """Knobs of the log-linear kernels (steps 3-4); every value computes the same function.
@@ -125,7 +98,7 @@ class LaunchConfig:
     block_levels: ``m`` — one program of the tree kernels owns ``2^m`` chunks and the levels inside them;
     num_warps: warps per program of the per-chunk kernels; tree_warps: of the tree kernels;
     exact_node_grads: form and store the backward's node gradients in fp32 (tf32 products on a GPU)
-        rather than the state dtype: d log_decay in bf16 needs it (kernels/backward.py).
+        rather than the state dtype: d log_decay in bf16 needs it (:mod:`.step4_tree_backward`).
     precision: the rung of :data:`PRECISIONS` for fp16/bf16 calls (all meet the bf16 bound; see there).
     """
 

@@ -28,26 +28,25 @@ cancel exactly. The levels add ``Σ_ℓ λ_ℓ · dλ_ℓ`` and ``- K̃ · dK̃`
 
 Why every rounding must be the forward's: the terms of ``∂L/∂G`` cancel in total (shifting every ``G``
 by a constant changes nothing), and the reverse cumulative sum carries whatever does not cancel to every
-earlier token. For node ``e`` the readers contribute ``<dS_e, S_e>`` with the node as stored, the writers
-``- Σ_c <dU_c, K̃_cᵀ V_c>``; these agree only if the backward uses what the forward multiplied. Three
-places did not, and each left an error that grew like ``√T`` (bf16 ``d log_decay`` 3.9e-2 at T = 65,536
-on an H200, against at most 2.9e-3 for every other gradient; kernels/NOTES.md runs 8-15):
+earlier token, so an inconsistency of size ε per chunk grows into an error of about ``ε √N``. For node
+``e`` the readers contribute ``<dS_e, S_e>`` with the node as stored, the writers
+``- Σ_c <dU_c, K̃_cᵀ V_c>``; these agree only if the backward uses exactly what the forward multiplied:
 
 - the leaf keys: the forward rounds ``K̃ = diag(exp(g_last - gc)) K`` to 16 bits before ``K̃ᵀ V``;
-  :func:`dkdv_kernel` now forms ``K̃ · dK̃`` from that same rounded ``K̃`` (two parts at ``"split"``);
-- the stored nodes: bf16 nodes lose ``ρ_e`` in rounding; the tree keeps it
+  :func:`dkdv_kernel` forms ``K̃ · dK̃`` from that same rounded ``K̃`` (two parts at ``"split"``);
+- the stored nodes: 16-bit nodes lose ``ρ_e`` in rounding; the tree keeps it
   (``FenwickTree.residuals``), merges add children unrounded, and the chunk that ends node ``e`` adds
   the correction ``<dS_e, ρ_e>`` at its last token, so each node's terms cancel between its end and
   its readers instead of across the whole sequence;
 - the node gradients: tf32 products round ``Q̃`` to 2^-11; in 16-bit calls the fp32 ``Q̃`` and ``dU``
-  are split into two 16-bit parts whose products are exact (:func:`~.mamba2_chunked.split16`), at the
-  cost of one tf32 product.
+  are split into two 16-bit parts whose products are exact (:func:`~.tiles.split16`), at the cost of
+  one tf32 product.
 
-Measured after the change (H200): bf16 ``d log_decay`` 2.0e-3 at every length from 333 to 65,536. One
-mismatch is left: fp32 nodes (fp16 calls, and the ``"fp32"`` rung) are read by :func:`dq_kernel` through
-a tf32 product, and fp16's ``d log_decay`` still grows, 1.2e-3 at 1,000 to 4.3e-3 at 65,536.
-The node gradients are formed and stored in fp32 (``LaunchConfig.exact_node_grads``, the default): in
-bf16 ``Q̃`` would be rounded before the product.
+With these, bf16 ``d log_decay`` stays at the level of the other gradients at every length (chapter 9
+shows the measurements). fp32 nodes (fp16 calls, and the ``"fp32"`` rung) are still read by
+:func:`dq_kernel` through a tf32 product, so fp16's ``d log_decay`` grows slowly with ``T`` (within
+the bound). The node gradients are formed and stored in fp32 (``LaunchConfig.exact_node_grads``, the
+default): in bf16 ``Q̃`` would be rounded before the product.
 
 With q, k shared by all heads, one program handles ``head_group`` heads and sums their dq, dk in
 registers; the host sums over the groups that remain. Work: about twice the forward's.
@@ -59,10 +58,20 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LaunchConfig, accumulator_dtype, dot_precision, head_block, split_leaf, state_dtype
-from .chunk_tree import chunk_levels, level_block
-from .intra_chunk import fenwick_levels, level_column, level_matrix, level_sums, load_level_scales
-from .mamba2_chunked import decay_matrix, load_qk_scores, load_tile, split16, store_tile
+from ..fenwick import num_chunk_levels
+from .config import LaunchConfig, accumulator_dtype, dot_precision, head_block, level_block, split_leaf, state_dtype
+from .tiles import (
+    decay_matrix,
+    fenwick_levels,
+    level_column,
+    level_scale_matrix,
+    level_sums,
+    load_level_scales,
+    load_qk_scores,
+    load_tile,
+    split16,
+    store_tile,
+)
 
 
 @triton.jit
@@ -165,7 +174,7 @@ def dq_kernel(
         gc = tl.load(gc_ptr + bh * N * C + t)
         lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + h * slh, slt, t, T, L, BL, gc.dtype)
         decay = decay_matrix(gc, C)
-        scales = level_matrix(lam, levels, C_LOG, BL)
+        scales = level_scale_matrix(lam, levels, C_LOG, BL)
         d_scores = tl.dot(do, tl.trans(v), input_precision=IP)
         dq = tl.dot((d_scores * decay * scales).to(k.dtype), k, input_precision=IP)
         pairs = d_scores * scores * decay  # (dO Vᵀ) ⊙ (Q Kᵀ) ⊙ E, fp32
@@ -227,7 +236,7 @@ def dkdv_kernel(
         do = load_tile(do_ptr + i_b.to(tl.int64) * sdb + h * sdh, sdt, t, T, rv, V)
         gc = tl.load(gc_ptr + bh * N * C + t)
         lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + h * slh, slt, t, T, L, BL, gc.dtype)
-        weights = decay_matrix(gc, C) * level_matrix(lam, levels, C_LOG, BL)
+        weights = decay_matrix(gc, C) * level_scale_matrix(lam, levels, C_LOG, BL)
         d_scores = tl.dot(do, tl.trans(v), input_precision=IP) * weights
         dv = tl.dot(tl.trans((scores * weights).to(do.dtype)), do, input_precision=IP)
         dk = tl.dot(tl.trans(d_scores.to(q.dtype)), q, input_precision=IP)
@@ -275,7 +284,7 @@ def dkdv_kernel(
 
 def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: int = 64,
                        config: LaunchConfig = LaunchConfig(), grads: dict | None = None):
-    """Gradients of :func:`~loglin_edu.kernels.chunk_tree.loglinear_forward`: ``(dq, dk, dv, dlam, dG)``.
+    """Gradients of :func:`~loglin_edu.kernels.step3_chunk_tree.loglinear_forward`: ``(dq, dk, dv, dlam, dG)``.
 
     Inputs as the forward's (``tree`` is what it returned), do: ``[B, T, H, V]``. dq, dk are shaped
     like q, k (summed over heads when shared); dG: ``[B, H, N·C]`` is the gradient of the cumulative
@@ -287,7 +296,7 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: in
     H, V, L = v.shape[2], v.shape[3], level_scales.shape[3]
     N = -(-T // chunk_size)
     BK, BV, M = head_block(K), head_block(V), config.block_levels
-    n_levels = chunk_levels(T, chunk_size)
+    n_levels = num_chunk_levels(T, chunk_size)
     NB = -(-N // (1 << M))
     acc = accumulator_dtype(q.dtype)
     shared = Hk == 1

@@ -1,11 +1,12 @@
-"""GPU diagnosis in one call: run each case of the log-linear kernels stage by stage in its own process.
+"""A failing GPU kernel, stage by stage: each case of the log-linear kernels in its own process.
 
-    python -m loglin_edu.kernels.gpu_check              # every case; a failing case does not stop the rest
-    python -m loglin_edu.kernels.gpu_check case DTYPE SHARED B T H K V HEAD_GROUP
+    python -m loglin_edu.bench.diagnose              # every case; a failing case does not stop the rest
+    python -m loglin_edu.bench.diagnose case DTYPE SHARED B T H K V HEAD_GROUP
+    SANITIZE=1 python -m loglin_edu.bench.diagnose   # and the first failing case under compute-sanitizer
 
 An illegal memory access poisons the whole CUDA context, so each case runs in a subprocess with
 ``CUDA_LAUNCH_BLOCKING=1`` and a synchronisation after every stage: the last stage printed names the
-kernel. Each case also compares o and every gradient with the float64 chunkwise form on the GPU.
+kernel. Each case also compares o and every gradient with the float64 chunkwise form.
 """
 
 from __future__ import annotations
@@ -25,24 +26,22 @@ CASES = [  # dtype, shared q/k, B, T, H, K, V, head group
 ]
 
 
-def run_case(dtype, shared, B, T, H, K, V, group) -> None:
+def run_case(dtype: str, shared: int, B: int, T: int, H: int, K: int, V: int, group: int) -> list[float]:
+    """Run one case stage by stage (printing each stage as it completes); returns the relative errors of
+    o, dq, dk, dv, dλ against the float64 chunkwise form."""
     import torch
 
-    from loglin_edu.bench import relative_error
-    from loglin_edu.fenwick import num_levels
-    from loglin_edu.kernels._common import LaunchConfig, chunk_decay
-    from loglin_edu.kernels.backward import loglinear_backward
-    from loglin_edu.kernels.chunk_tree import build_tree, loglinear_forward
-    from loglin_edu.loglinear import loglinear_attention
+    from ..kernels.config import LaunchConfig
+    from ..kernels.inputs import chunk_decay
+    from ..kernels.step3_chunk_tree import build_tree, loglinear_forward
+    from ..kernels.step4_tree_backward import loglinear_backward
+    from ..ops import loglinear_attention
+    from .accuracy import accuracy_inputs, relative_error
 
     device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke test under the interpreter
     dt = getattr(torch, dtype)
-    Hk = 1 if shared else H
     gen = torch.Generator().manual_seed(0)
-    raw = [torch.randn(B, T, Hk, K, generator=gen) * K**-0.5, torch.randn(B, T, Hk, K, generator=gen) * K**-0.5,
-           torch.randn(B, T, H, V, generator=gen), 0.5 + torch.rand(B, T, H, num_levels(T) + 1, generator=gen),
-           -0.1 * torch.rand(B, T, H, generator=gen)]
-    q, k, v, lam, g = (x.to(device, dt) for x in raw)
+    q, k, v, lam, g = (x.to(device, dt) for x in accuracy_inputs((B, T, H, 1 if shared else H, K, V), gen))
     config = LaunchConfig(head_group=group)
 
     def stage(name, fn):
@@ -57,15 +56,16 @@ def run_case(dtype, shared, B, T, H, K, V, group) -> None:
     o, tree = stage("forward", lambda: loglinear_forward(q, k, v, lam, gc, gend, 64, config))
     print(f"  non-finite: o {(~o.isfinite()).sum().item()}, nodes {(~tree.nodes.isfinite()).sum().item()}", flush=True)
     do = torch.randn(o.shape, generator=gen).to(device, dt)
-    dq, dk, dv, dlam, d_cum = stage("backward", lambda: loglinear_backward(q, k, v, lam, gc, gend, tree, do, 64, config))
+    dq, dk, dv, dlam, _ = stage("backward", lambda: loglinear_backward(q, k, v, lam, gc, gend, tree, do, 64, config))
     high = [x.double().requires_grad_(True) for x in (q, k, v, lam)]
     ref = loglinear_attention(*high, g.double(), form="chunkwise")
     ref_grads = torch.autograd.grad((ref * do.double()).sum(), high)
     errors = [relative_error(o, ref)] + [relative_error(a, b) for a, b in zip((dq, dk, dv, dlam), ref_grads)]
     print("  errors o, dq, dk, dv, dlam: " + " ".join(f"{e:.1e}" for e in errors), flush=True)
+    return errors
 
 
-def main(argv) -> None:
+def main(argv: list[str]) -> None:
     if argv[:1] == ["case"]:
         dtype, *numbers = argv[1:]
         run_case(dtype, *map(int, numbers))
@@ -74,15 +74,16 @@ def main(argv) -> None:
     failed = []
     for case in CASES:
         print(f"case {case}", flush=True)
-        cmd = [sys.executable, "-m", "loglin_edu.kernels.gpu_check", "case", *map(str, case)]
+        cmd = [sys.executable, "-m", "loglin_edu.bench.diagnose", "case", *map(str, case)]
         result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         print(result.stdout, end="", flush=True)
         if result.returncode:
             failed.append(case)
-            print("  FAILED: " + result.stderr.strip().splitlines()[-1][:300] if result.stderr.strip() else "  FAILED", flush=True)
+            last = result.stderr.strip().splitlines()[-1][:300] if result.stderr.strip() else ""
+            print(f"  FAILED: {last}", flush=True)
     if failed and os.environ.get("SANITIZE"):
         cmd = ["compute-sanitizer", "--tool", "memcheck", "--print-limit", "5", sys.executable, "-m",
-               "loglin_edu.kernels.gpu_check", "case", *map(str, failed[0])]
+               "loglin_edu.bench.diagnose", "case", *map(str, failed[0])]
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
         print("sanitizer:\n" + "\n".join((result.stdout + result.stderr).splitlines()[:40]), flush=True)
 

@@ -14,7 +14,7 @@ level table is ever read from memory, so nothing here grows with ``T``.
 Memory traffic per chunk and head: q, k ``C·K`` each, v and o ``C·V`` each, λ ``C·L``. Work:
 ``2·C²·(K + V)`` flops for the two products, ``O(C²·c)`` for the level pattern.
 
-The helpers here (:func:`fenwick_levels`, :func:`level_matrix`, :func:`level_column`,
+The helpers here (:func:`fenwick_levels`, :func:`level_scale_matrix`, :func:`level_column`,
 :func:`level_sums`) are reused by the full kernels of steps 3 and 4.
 """
 
@@ -24,52 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import MAX_BLOCK, block, chunk_decay, dot_precision, head_block, last_dim_contiguous
-from .mamba2_chunked import decay_matrix, load_qk_scores, load_tile, store_tile
-
-
-@triton.jit
-def fenwick_levels(C: tl.constexpr, C_LOG: tl.constexpr):
-    """``level(i, j) = bit_length(i ^ j)`` for in-chunk offsets ``i, j < C = 2^C_LOG``: ``[C, C]`` int32."""
-    i = tl.arange(0, C)
-    x = i[:, None] ^ i[None, :]
-    levels = tl.zeros((C, C), dtype=tl.int32)
-    for bit in tl.static_range(C_LOG):
-        levels += ((x >> bit) > 0).to(tl.int32)
-    return levels
-
-
-@triton.jit
-def level_column(lam, level, BL: tl.constexpr):
-    """``λ[:, level]`` from a ``[C, BL]`` tile of level scales: ``[C]``."""
-    return tl.sum(tl.where(tl.arange(0, BL)[None, :] == level, lam, 0.0), 1)
-
-
-@triton.jit
-def level_matrix(lam, levels, C_LOG: tl.constexpr, BL: tl.constexpr):
-    """``Λ[i, j] = λ[i, level(i, j)]`` for the intra-chunk levels ``0..C_LOG``: ``[C, C]`` (not yet causal)."""
-    out = tl.zeros(levels.shape, dtype=lam.dtype)
-    for level in tl.static_range(C_LOG + 1):
-        out = tl.where(levels == level, level_column(lam, level, BL)[:, None], out)
-    return out
-
-
-@triton.jit
-def level_sums(d, levels, C_LOG: tl.constexpr, BL: tl.constexpr):
-    """The backward of :func:`level_matrix`: ``dλ[i, l] = Σ_{j: level(i, j) = l} d[i, j]`` for
-    ``l <= C_LOG``, as a ``[C, BL]`` tile (zero in the other columns)."""
-    cols = tl.arange(0, BL)
-    out = tl.zeros((d.shape[0], BL), dtype=d.dtype)
-    for level in tl.static_range(C_LOG + 1):
-        row = tl.sum(tl.where(levels == level, d, 0.0), 1)
-        out = tl.where(cols[None, :] == level, row[:, None], out)
-    return out
-
-
-@triton.jit
-def load_level_scales(lam_ptr, stride_t, t, T, L, BL: tl.constexpr, dtype):
-    """The chunk's ``[C, BL]`` tile of ``level_scales`` as ``dtype``, zero beyond ``T`` and ``L``."""
-    return load_tile(lam_ptr, stride_t, t, T, tl.arange(0, BL), L).to(dtype)
+from .config import MAX_BLOCK, block, dot_precision, head_block
+from .inputs import chunk_decay, last_dim_contiguous, same_strides
+from .tiles import decay_matrix, fenwick_levels, level_scale_matrix, load_level_scales, load_qk_scores, load_tile, store_tile
 
 
 @triton.jit
@@ -89,7 +46,7 @@ def intra_chunk_kernel(
     v = load_tile(v_ptr + i_b.to(tl.int64) * svb + i_h * svh, svt, t, T, rv, V)
     gc = tl.load(gc_ptr + (i_b * H + i_h).to(tl.int64) * N * C + t)
     lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + i_h * slh, slt, t, T, L, BL, gc.dtype)
-    weights = decay_matrix(gc, C) * level_matrix(lam, fenwick_levels(C, C_LOG), C_LOG, BL)
+    weights = decay_matrix(gc, C) * level_scale_matrix(lam, fenwick_levels(C, C_LOG), C_LOG, BL)
     out = tl.dot((scores * weights).to(v.dtype), v, input_precision=IP)
     store_tile(o_ptr + i_b.to(tl.int64) * sob + i_h * soh, sot, t, T, rv, V, out)
 
@@ -101,9 +58,8 @@ def intra_chunk(q, k, v, level_scales, log_decay=None, chunk_size: int = 64) -> 
     log_decay: ``[B, T, H]`` or None. Returns ``[B, T, H, V]``. A step of the ladder, checked against
     the intra-chunk term of :func:`loglin_edu.chunk_scan.chunk_scan`.
     """
-    q, k, v, level_scales = (last_dim_contiguous(x) for x in (q, k, v, level_scales))
-    if q.stride() != k.stride():
-        q, k = q.contiguous(), k.contiguous()
+    q, k = same_strides(q, k)
+    v, level_scales = last_dim_contiguous(v), last_dim_contiguous(level_scales)
     B, T, Hq, K = q.shape
     H, V, L = v.shape[2], v.shape[3], level_scales.shape[3]
     if max(K, V) > MAX_BLOCK:

@@ -46,21 +46,20 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LaunchConfig, accumulator_dtype, block, dot_precision, head_block, split_leaf, state_dtype
-from .intra_chunk import fenwick_levels, level_column, level_matrix, load_level_scales
-from .mamba2_chunked import decay_matrix, load_qk_scores, load_tile, split16, store_tile
-
-
-@triton.jit
-def trailing_ones(x, BITS):
-    """Number of trailing one bits of ``x`` among its lowest ``BITS``: how many merges a binary counter
-    makes when the item ``x`` (0-based) completes."""
-    ones = 0
-    run = 1
-    for bit in range(BITS):
-        run = run & ((x >> bit) & 1)
-        ones += run
-    return ones
+from ..fenwick import num_chunk_levels
+from .config import LaunchConfig, accumulator_dtype, dot_precision, head_block, level_block, split_leaf, state_dtype
+from .tiles import (
+    decay_matrix,
+    fenwick_levels,
+    level_column,
+    level_scale_matrix,
+    load_level_scales,
+    load_qk_scores,
+    load_tile,
+    split16,
+    store_tile,
+    trailing_ones,
+)
 
 
 @triton.jit
@@ -199,21 +198,11 @@ def loglinear_fwd_kernel(
         v = load_tile(v_ptr + i_b.to(tl.int64) * svb + h * svh, svt, t, T, rv, V)
         gc = tl.load(gc_ptr + bh * N * C + t)
         lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + h * slh, slt, t, T, L, BL, gc.dtype)
-        weights = decay_matrix(gc, C) * level_matrix(lam, levels, C_LOG, BL)
+        weights = decay_matrix(gc, C) * level_scale_matrix(lam, levels, C_LOG, BL)
         out = tl.dot((scores * weights).to(v.dtype), v, input_precision=IP)
         out = read_levels(out, q, lam, gc, gend_ptr + bh * N, node_ptr + bh * N * BK * BV, i_c, n_levels,
                           C_LOG, BK, BV, BL, IP)
         store_tile(o_ptr + i_b.to(tl.int64) * sob + h * soh, sot, t, T, rv, V, out)
-
-
-def chunk_levels(T: int, chunk_size: int) -> int:
-    """Chunk levels ``n = bit_length(N - 1)`` of a length-``T`` sequence (``N = ceil(T / C)`` chunks)."""
-    return (-(-T // chunk_size) - 1).bit_length()
-
-
-def level_block(T: int, chunk_size: int) -> int:
-    """``BL``: columns of the level-scale tile, covering levels ``0..log2 C + n``."""
-    return block(chunk_size.bit_length() + chunk_levels(T, chunk_size))
 
 
 class FenwickTree(NamedTuple):
@@ -221,7 +210,7 @@ class FenwickTree(NamedTuple):
 
     nodes: ``[B, H, N, BK, BV]`` in the state dtype, slot ``e`` = the left node ending at chunk ``e``;
     residuals: what storing each node in a 16-bit type rounded away (same shape, same type), or an empty
-    tensor when nodes are stored in fp32. The backward needs them for ``d log_decay`` (kernels/backward.py).
+    tensor when nodes are stored in fp32. The backward needs them for ``d log_decay`` (:mod:`.step4_tree_backward`).
     """
 
     nodes: torch.Tensor
@@ -240,7 +229,7 @@ def build_tree(k, v, gc, gend, chunk_size: int, config: LaunchConfig = LaunchCon
     residual = nodes.dtype in (torch.float16, torch.bfloat16)
     residuals = torch.empty_like(nodes) if residual else nodes.new_empty(0)
     res_arg = residuals if residual else nodes  # a valid pointer the kernels never use without RESIDUAL
-    upper = chunk_levels(T, chunk_size) > M
+    upper = num_chunk_levels(T, chunk_size) > M
     roots = torch.empty(B, H, NB if upper else 1, BK, BV, device=k.device, dtype=accumulator_dtype(k.dtype))
     sqh = 0 if Hk == 1 else k.stride(2)
     fenwick_tree_kernel[(H, NB, B)](
@@ -263,7 +252,7 @@ def loglinear_forward(q, k, v, level_scales, gc, gend, chunk_size: int = 64,
     """Log-linear Mamba-2 forward.
 
     q, k: ``[B, T, H or 1, K]`` with equal strides and ``K <= 128``; v: ``[B, T, H, V]`` (``V <= 128``);
-    level_scales: ``[B, T, H, L]``; gc, gend from :func:`~loglin_edu.kernels._common.chunk_decay`;
+    level_scales: ``[B, T, H, L]``; gc, gend from :func:`~loglin_edu.kernels.inputs.chunk_decay`;
     every last dimension contiguous. ``out`` (optional, ``[B, T, H, V]``, any strides) receives o.
     Returns ``(o, tree)``, ``tree`` the :class:`FenwickTree` the backward needs.
     """
@@ -274,7 +263,7 @@ def loglinear_forward(q, k, v, level_scales, gc, gend, chunk_size: int = 64,
     o = torch.empty(B, T, H, V, device=v.device, dtype=v.dtype) if out is None else out
     HG = config.group(H)
     loglinear_fwd_kernel[(H // HG, N, B)](
-        q, k, v, level_scales, gc, gend, tree.nodes, o, T, N, H, K, V, L, chunk_levels(T, chunk_size),
+        q, k, v, level_scales, gc, gend, tree.nodes, o, T, N, H, K, V, L, num_chunk_levels(T, chunk_size),
         q.stride(0), q.stride(1), 0 if Hk == 1 else q.stride(2), v.stride(0), v.stride(1), v.stride(2),
         level_scales.stride(0), level_scales.stride(1), level_scales.stride(2), o.stride(0), o.stride(1), o.stride(2),
         C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=head_block(K), BV=head_block(V), BL=level_block(T, chunk_size),

@@ -1,0 +1,106 @@
+"""Triton helpers every kernel of the ladder shares: tiles in and out, the chunk's decay and level patterns.
+
+Naming follows the kernels: a ``[C, BD]`` *tile* holds ``C`` tokens (rows) and ``BD`` columns of one head;
+pointers are already offset to that head; ``t`` are the token indices of the tile's rows. Loads outside
+``t < T`` or ``col < width`` read zero and stores there are dropped, so no kernel reads or writes past an
+input, whatever ``T`` and the head widths are.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def load_tile(ptr, stride_t, t, T, cols, width):
+    """``x[t, cols]``: rows ``t: [C]`` (tokens), columns ``cols: [BD]``; zero where ``t >= T`` or ``col >= width``."""
+    mask = (t[:, None] < T) & (cols[None, :] < width)
+    return tl.load(ptr + t[:, None].to(tl.int64) * stride_t + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def store_tile(ptr, stride_t, t, T, cols, width, x):
+    """Store ``x: [C, BD]`` at rows ``t`` and columns ``cols``, only inside ``t < T`` and ``col < width``."""
+    mask = (t[:, None] < T) & (cols[None, :] < width)
+    tl.store(ptr + t[:, None].to(tl.int64) * stride_t + cols[None, :], x.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def load_qk_scores(q_ptr, k_ptr, stride_t, t, T, rk, K, IP: tl.constexpr):
+    """One head's chunk of q and k (``[C, BK]`` each, zero past ``T`` and ``K``) and its scores ``Q Kᵀ`` (``[C, C]``)."""
+    q = load_tile(q_ptr, stride_t, t, T, rk, K)
+    k = load_tile(k_ptr, stride_t, t, T, rk, K)
+    return q, k, tl.dot(q, tl.trans(k), input_precision=IP)
+
+
+@triton.jit
+def split16(x, dtype):
+    """``(hi, lo)`` in the 16-bit ``dtype`` with ``hi + lo = x`` to about 2^-16 relative: an fp32 block as two
+    operands of 16-bit products, which multiply exactly (tf32 would round ``x`` to 2^-11)."""
+    hi = x.to(dtype)
+    return hi, (x - hi.to(x.dtype)).to(dtype)
+
+
+@triton.jit
+def decay_matrix(gc, C: tl.constexpr):
+    """``E[i, j] = exp(gc_i - gc_j)`` for ``j <= i``, 0 above: the chunk's block of ``M^S``. gc: [C] -> [C, C]."""
+    i = tl.arange(0, C)
+    causal = i[:, None] >= i[None, :]
+    return tl.where(causal, tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0)), 0.0)
+
+
+@triton.jit
+def fenwick_levels(C: tl.constexpr, C_LOG: tl.constexpr):
+    """``level(i, j) = bit_length(i ^ j)`` for in-chunk offsets ``i, j < C = 2^C_LOG``: ``[C, C]`` int32."""
+    i = tl.arange(0, C)
+    x = i[:, None] ^ i[None, :]
+    levels = tl.zeros((C, C), dtype=tl.int32)
+    for bit in tl.static_range(C_LOG):
+        levels += ((x >> bit) > 0).to(tl.int32)
+    return levels
+
+
+@triton.jit
+def level_column(lam, level, BL: tl.constexpr):
+    """``λ[:, level]`` from a ``[C, BL]`` tile of level scales: ``[C]``."""
+    return tl.sum(tl.where(tl.arange(0, BL)[None, :] == level, lam, 0.0), 1)
+
+
+@triton.jit
+def level_scale_matrix(lam, levels, C_LOG: tl.constexpr, BL: tl.constexpr):
+    """``Λ[i, j] = λ[i, level(i, j)]`` for the intra-chunk levels ``0..C_LOG``: ``[C, C]`` (not yet causal)."""
+    out = tl.zeros(levels.shape, dtype=lam.dtype)
+    for level in tl.static_range(C_LOG + 1):
+        out = tl.where(levels == level, level_column(lam, level, BL)[:, None], out)
+    return out
+
+
+@triton.jit
+def level_sums(d, levels, C_LOG: tl.constexpr, BL: tl.constexpr):
+    """The backward of :func:`level_scale_matrix`: ``dλ[i, l] = Σ_{j: level(i, j) = l} d[i, j]`` for
+    ``l <= C_LOG``, as a ``[C, BL]`` tile (zero in the other columns)."""
+    cols = tl.arange(0, BL)
+    out = tl.zeros((d.shape[0], BL), dtype=d.dtype)
+    for level in tl.static_range(C_LOG + 1):
+        row = tl.sum(tl.where(levels == level, d, 0.0), 1)
+        out = tl.where(cols[None, :] == level, row[:, None], out)
+    return out
+
+
+@triton.jit
+def load_level_scales(lam_ptr, stride_t, t, T, L, BL: tl.constexpr, dtype):
+    """The chunk's ``[C, BL]`` tile of ``level_scales`` as ``dtype``, zero beyond ``T`` and ``L``."""
+    return load_tile(lam_ptr, stride_t, t, T, tl.arange(0, BL), L).to(dtype)
+
+
+@triton.jit
+def trailing_ones(x, BITS):
+    """Number of trailing one bits of ``x`` among its lowest ``BITS``: how many merges a binary counter
+    makes when the item ``x`` (0-based) completes."""
+    ones = 0
+    run = 1
+    for bit in range(BITS):
+        run = run & ((x >> bit) & 1)
+        ones += run
+    return ones

@@ -1,0 +1,18 @@
+"""How fast is it: the log-linear Mamba-2 kernels against SDPA flash, linear Mamba-2 and fla-core.
+
+    python -m loglin_edu.bench                     # GPU: PAPER.md §7's setting -> book/results/kernels_<device>.json
+    python -m loglin_edu.bench --tier cpu --out /tmp/bench.json   # tiny, under Triton's interpreter
+    python -m loglin_edu.bench --accuracy          # errors of every output and gradient against float64
+    python -m loglin_edu.bench --variants          # our kernel under several launch configurations
+    python -m loglin_edu.bench --precision         # time and errors of every rung of the precision ladder
+
+Each implementation runs in one process on the same inputs; times are medians
+(:func:`~loglin_edu.timing.median_ms`: ``triton.testing.do_bench`` on a GPU), memory is the peak allocated
+during one forward+backward above what the inputs hold. The modules, by job:
+
+- :mod:`~loglin_edu.bench.settings` — the shapes, the inputs, the counted work and its floor;
+- :mod:`~loglin_edu.bench.implementations` — what is measured, side by side;
+- :mod:`~loglin_edu.bench.measure` — timing and memory; :mod:`~loglin_edu.bench.accuracy` — errors;
+- :mod:`~loglin_edu.bench.report` — table and plot; :mod:`~loglin_edu.bench.diagnose` — a GPU failure, stage by stage;
+- :mod:`~loglin_edu.bench.__main__` — the command line.
+"""

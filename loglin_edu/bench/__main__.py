@@ -1,0 +1,82 @@
+"""The command line of :mod:`loglin_edu.bench` (see there): ``python -m loglin_edu.bench --help``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ..provenance import DEFAULT_RESULTS, device_slug, provenance, write_json
+from .accuracy import ACCURACY_SHAPES, accuracy
+from .implementations import CPU_ONLY, GPU_ONLY, IMPLEMENTATIONS
+from .measure import benchmark, precision_ladder, variants
+from .report import plot, summary_table, with_floor
+from .settings import CPU, GPU, Setting
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m loglin_edu.bench", description="How fast is it: the log-linear kernels against SDPA flash, linear Mamba-2 and fla-core.")
+    parser.add_argument("--tier", choices=("gpu", "cpu"), default="gpu" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--lengths", type=int, nargs="*", help="sequence lengths (default: the tier's)")
+    parser.add_argument("--only", nargs="*", help="implementations to run (substrings of their names)")
+    parser.add_argument("--out", type=Path, help=f"results JSON (default {DEFAULT_RESULTS}/kernels_<device>.json, "
+                        "relative to the directory the command runs in)")
+    parser.add_argument("--accuracy", action="store_true", help="measure errors against float64 instead of speed")
+    parser.add_argument("--variants", action="store_true", help="time our kernel under several launch configurations")
+    parser.add_argument("--precision", action="store_true",
+                        help="time and measure the errors of every rung of LaunchConfig.precision at each length")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+
+    s = GPU if args.tier == "gpu" else CPU
+    if args.lengths:
+        s = Setting(**{**asdict(s), "lengths": tuple(args.lengths)})
+    device = torch.device("cuda" if args.tier == "gpu" else "cpu")
+    if device.type == "cpu" and "triton" not in sys.modules:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # this program's own process: the interpreter on a CPU
+    result = provenance("python -m loglin_edu.bench " + " ".join(sys.argv[1:] if argv is None else argv), device)
+    result["setting"] = asdict(s)
+    mode = "accuracy" if args.accuracy else "precision_ladder" if args.precision else "variants" if args.variants else None
+    out = args.out or DEFAULT_RESULTS / f"kernels_{mode + '_' if mode else ''}{device_slug(device)}.json"
+    if args.accuracy:
+        shapes = ACCURACY_SHAPES if device.type == "cuda" else ((1, 40, 2, 1, 16, 16),)
+        dtypes = (torch.float32, torch.float16, torch.bfloat16) if device.type == "cuda" else (torch.float32,)
+        result["accuracy"] = [accuracy(shape, dt, device) for shape in shapes for dt in dtypes]
+        for r in result["accuracy"]:
+            print(r["dtype"], r["shape"], {k: f"{v:.1e}" for k, v in r["errors"].items()}, flush=True)
+    elif args.precision:
+        result["precision"] = precision_ladder(s, s.lengths, device)
+    elif args.variants:
+        from ..kernels.config import LaunchConfig
+
+        configs = [LaunchConfig(head_group=g, block_levels=m, num_warps=w, tree_warps=tw)
+                   for g, m, w, tw in ((1, 4, 4, 4), (8, 4, 4, 4), (8, 4, 8, 4), (48, 4, 8, 4), (8, 3, 4, 8))]
+        result["variants"] = variants(s, s.lengths, configs, device)
+    else:
+        names = [n for n in IMPLEMENTATIONS if n not in (GPU_ONLY if device.type == "cpu" else CPU_ONLY)]
+        if args.only:
+            names = [n for n in names if any(o in n for o in args.only)]
+
+        def save(rows):
+            result["rows"] = [with_floor(row, s) for row in rows]
+            result["complete"] = len(rows) == len(names) * len(s.lengths)
+            write_json(out, result)
+            row = rows[-1]
+            print(f"T={row['T']:6d} {row['name']}: fwd {row.get('forward_ms', float('nan')):.2f} ms, "
+                  f"fwd+bwd {row.get('forward_backward_ms', float('nan')):.2f} ms {row.get('error', '')}", flush=True)
+
+        benchmark(s, names, device, progress=not args.quiet, on_row=save)
+    write_json(out, result)
+    if "rows" in result:
+        plot(result, out.with_suffix(".png"))
+        print(summary_table(result["rows"], s))
+    print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""The implementations the benchmark runs side by side, each a function of the inputs of
+:func:`~loglin_edu.bench.settings.prepare`, registered with the inputs it differentiates."""
+
+from __future__ import annotations
+
+import torch
+
+
+def ours(inputs, config=None):
+    from ..kernels.step5_loglinear_mamba2 import loglinear_mamba2
+
+    x = inputs
+    return loglinear_mamba2(x["q"], x["k"], x["v"], x["level_scales"], x["log_decay"], config=config)
+
+
+def ours_linear(inputs):
+    from ..kernels.step1_mamba2_chunked import mamba2_triton
+
+    x = inputs
+    return mamba2_triton(x["q"], x["k"], x["v"], x["log_decay"])
+
+
+def torch_chunkwise(inputs):
+    from ..ops import loglinear_attention
+
+    x = inputs
+    return loglinear_attention(x["q"], x["k"], x["v"], x["level_scales"], x["log_decay"], form="chunkwise", chunk_size=16)
+
+
+def sdpa(inputs):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = inputs["sdpa"]
+    backend = SDPBackend.FLASH_ATTENTION if q.is_cuda else SDPBackend.MATH
+    with sdpa_kernel(backend):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def fla_loglinear(inputs):
+    from fla.ops.log_linear_attn import chunk_log_linear_attn
+
+    x = inputs
+    return chunk_log_linear_attn(x["q"], x["k"], x["v"], x["log_decay"], x["level_scales"], scale=1.0)[0]
+
+
+def fla_simple_gla(inputs):
+    from fla.ops.simple_gla import chunk_simple_gla
+
+    x = inputs
+    q, k = x["q_heads"]
+    return chunk_simple_gla(q, k, x["v"], g=x["log_decay"], scale=1.0)[0]
+
+
+IMPLEMENTATIONS = {  # name -> (function of the inputs, the inputs it differentiates)
+    "loglinear (ours, triton)": (ours, ("q", "k", "v", "level_scales", "log_decay")),
+    "loglinear (torch chunkwise)": (torch_chunkwise, ("q", "k", "v", "level_scales", "log_decay")),
+    "mamba2 linear (ours, triton step 1)": (ours_linear, ("q", "k", "v", "log_decay")),
+    "sdpa (causal, flash on GPU)": (sdpa, ("sdpa",)),
+    "fla chunk_log_linear_attn": (fla_loglinear, ("q", "k", "v", "level_scales", "log_decay")),
+    "fla chunk_simple_gla (linear mamba2)": (fla_simple_gla, ("q_heads", "v", "log_decay")),
+}
+CPU_ONLY = ("loglinear (torch chunkwise)",)
+GPU_ONLY = ("fla chunk_log_linear_attn", "fla chunk_simple_gla (linear mamba2)")

@@ -1,0 +1,122 @@
+"""Timing the implementations: forward and forward+backward medians and peak memory, over the setting's lengths."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import torch
+
+from ..timing import median_ms
+from .accuracy import accuracy
+from .implementations import IMPLEMENTATIONS, ours
+from .settings import Setting, prepare
+
+
+def _leaves(inputs, names):
+    out = []
+    for name in names:
+        value = inputs[name]
+        out.extend(value if isinstance(value, tuple) else [value])
+    return out
+
+
+def measure(name: str, inputs: dict, device, fn=None) -> dict:
+    """Forward and forward+backward median ms and peak extra memory (MiB) of one implementation
+    (``fn`` replaces the registered function, keeping its inputs)."""
+    registered, names = IMPLEMENTATIONS[name]
+    fn = fn or registered
+    leaves = _leaves(inputs, names)
+    row = {"name": name}
+    try:
+        with torch.no_grad():
+            fn(inputs)
+        row["forward_ms"] = median_ms(lambda: fn(inputs), device=device, repeats=3, warmup=0)
+    except Exception as error:  # a baseline that cannot run here is recorded, not fatal
+        row["error"] = f"forward: {type(error).__name__}: {error}"[:500]
+        return row
+    for leaf in leaves:
+        leaf.requires_grad_(True)
+    try:
+        do = torch.randn_like(fn(inputs))
+
+        def step():
+            fn(inputs).backward(do)
+
+        step()
+        row["forward_backward_ms"] = median_ms(step, device=device, repeats=3, warmup=0, grads=leaves)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            step()
+            torch.cuda.synchronize()
+            row["peak_memory_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+    except Exception as error:
+        row["error"] = f"backward: {type(error).__name__}: {error}"[:500]
+    finally:
+        for leaf in leaves:
+            leaf.requires_grad_(False)
+            leaf.grad = None
+    return row
+
+
+def benchmark(s: Setting, names, device, progress=True, on_row=None) -> list[dict]:
+    """Every implementation of ``names`` at every length of ``s``; ``on_row(rows)`` after each measurement
+    (the CLI rewrites its results file then, so a run stopped early keeps what it measured)."""
+    from tqdm.auto import tqdm
+
+    rows = []
+    jobs = [(T, name) for T in s.lengths for name in names]
+    bar = tqdm(jobs, disable=not progress, desc="bench")
+    current = None
+    for T, name in bar:
+        bar.set_postfix_str(f"T={T} {name}")
+        if current != T:
+            inputs, current = prepare(s.tokens // T, T, s, device), T
+        row = measure(name, inputs, device)
+        row.update(T=T, B=s.tokens // T)
+        rows.append(row)
+        if on_row is not None:
+            on_row(rows)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def variants(s: Setting, lengths, configs, device) -> list[dict]:
+    """Our kernel under each launch configuration: forward and forward+backward median ms."""
+    rows = []
+    for T in lengths:
+        inputs = prepare(s.tokens // T, T, s, device)
+        for config in configs:
+            row = measure("loglinear (ours, triton)", inputs, device, fn=lambda x, c=config: ours(x, c))
+            row.update(T=T, config=asdict(config))
+            rows.append(row)
+            print(f"T={T:6d} {config} fwd {row.get('forward_ms', float('nan')):.2f} ms  "
+                  f"fwd+bwd {row.get('forward_backward_ms', float('nan')):.2f} ms {row.get('error', '')}", flush=True)
+    return rows
+
+
+def precision_ladder(s: Setting, lengths, device) -> list[dict]:
+    """Every rung of ``LaunchConfig.precision`` at each length: the setting's forward and forward+backward
+    time, and the errors against float64 of one sequence (B = 1, 2 heads, shared q/k, the setting's K, V
+    and dtype) — what choosing a default by T needs."""
+    from ..kernels.config import PRECISIONS, LaunchConfig
+
+    rows = []
+    for T in lengths:
+        inputs = prepare(s.tokens // T, T, s, device)
+        for precision in PRECISIONS:
+            config = LaunchConfig(precision=precision)
+            row = measure("loglinear (ours, triton)", inputs, device, fn=lambda x, c=config: ours(x, c))
+            errors = accuracy((1, T, 2, 1, s.key, s.value), s.torch_dtype, device, config=config)["errors"]
+            row.update(T=T, precision=precision, errors=errors)
+            rows.append(row)
+            print(f"T={T:6d} {precision:6s} fwd {row.get('forward_ms', float('nan')):.2f} ms  fwd+bwd "
+                  f"{row.get('forward_backward_ms', float('nan')):.2f} ms  d log_decay {errors['dlog_decay']:.1e}  "
+                  f"others <= {max(e for n, e in errors.items() if n != 'dlog_decay'):.1e} {row.get('error', '')}",
+                  flush=True)
+        del inputs
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows

@@ -1,0 +1,265 @@
+"""The public operators and their forms, in one registry.
+
+Every operator computes ``O = (A ⊙ M) V`` of one model of the book (PAPER.md §1) and offers the same
+*forms* — algorithms that compute the same function:
+
+| operator | model |
+|---|---|
+| :func:`softmax_attention` | causal softmax attention |
+| :func:`linear_attention`, :func:`mamba2_attention` | linear attention, Mamba-2 (scalar decay) |
+| :func:`gated_deltanet_attention` | Gated DeltaNet (delta rule with decay) |
+| :func:`loglinear_attention` | the log-linear version of any of the three linear models |
+
+Forms (:data:`REFERENCE_FORMS`): ``"naive"`` (dense ``T × T``), ``"recurrent"`` (token by token) and
+``"chunkwise"`` (chunks: O(T·C) or, log-linear, O(T log T)), all in PyTorch, plus ``"triton"``: the
+Triton kernels of :mod:`loglin_edu.kernels`, for log-linear attention without the delta rule
+(log-linear Mamba-2). Whether triton can be imported is asked when a call needs it, never at import.
+
+The public operators take ``[B, T, H, D]`` tensors and check them (errors name the argument). Layers call
+:func:`mix` instead: the same dispatch without the checks, which read values (``log_decay <= 0``,
+finiteness) and would make a GPU wait, and cannot run inside :func:`torch.func.vmap`.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+from importlib.util import find_spec
+from typing import Callable
+
+import torch
+
+from .checks import check_chunk_size, check_form, check_gate, check_level_scales, check_qkv
+from .chunk_scan import chunk_scan
+from .deltanet import delta_attention_matrix
+from .layout import heads_first, time_first
+from .linear import chunkwise_linear, decay_attention_matrix, recurrent_linear
+from .loglinear import naive_loglinear, recurrent_loglinear
+from .softmax import chunkwise_softmax, naive_softmax, recurrent_softmax
+
+REFERENCE_FORMS = ("naive", "recurrent", "chunkwise")
+KERNEL_FORM = "triton"
+BACKENDS = ("auto", "torch", "triton")
+
+Form = Callable[..., torch.Tensor]
+
+
+def naive_linear(q, k, v, log_decay=None, beta=None) -> torch.Tensor:
+    """``((Q Kᵀ) ⊙ M^S) V`` (decay) or ``(A_delta ⊙ M^S) V`` (delta rule), heads-first. q, k: ``[B, H, T, K]``;
+    v: ``[B, H, T, V]``; log_decay, beta: ``[B, H, T]`` or None. Returns ``[B, H, T, V]``."""
+    matrix = decay_attention_matrix(q, k, log_decay) if beta is None else delta_attention_matrix(q, k, log_decay, beta)
+    return matrix @ v
+
+
+LINEAR_FORMS: dict[str, Form] = {  # (q, k, v, log_decay, beta, chunk_size), heads-first
+    "naive": lambda q, k, v, g, b, chunk_size: naive_linear(q, k, v, g, b),
+    "recurrent": lambda q, k, v, g, b, chunk_size: recurrent_linear(q, k, v, g, b),
+    "chunkwise": chunkwise_linear,
+}
+LOGLINEAR_FORMS: dict[str, Form] = {  # (q, k, v, level_scales, log_decay, beta, chunk_size), heads-first
+    "naive": lambda q, k, v, lam, g, b, chunk_size: naive_loglinear(q, k, v, lam, g, b),
+    "recurrent": lambda q, k, v, lam, g, b, chunk_size: recurrent_loglinear(q, k, v, lam, g, b),
+    "chunkwise": chunk_scan,
+}
+SOFTMAX_FORMS: dict[str, Form] = {  # (q, k, v, scale, chunk_size), heads-first
+    "naive": lambda q, k, v, scale, chunk_size: naive_softmax(q, k, v, scale),
+    "recurrent": lambda q, k, v, scale, chunk_size: recurrent_softmax(q, k, v, scale),
+    "chunkwise": chunkwise_softmax,
+}
+
+
+@cache
+def kernels_available() -> bool:
+    """Whether triton can be imported here, i.e. whether ``form="triton"`` exists (asked once, lazily)."""
+    return find_spec("triton") is not None
+
+
+def kernel_computes(level_scales: bool, beta: bool) -> bool:
+    """Whether the Triton form computes this variant: log-linear attention without the delta rule."""
+    return level_scales and not beta
+
+
+def forms(loglinear: bool = False, beta: bool = False) -> tuple[str, ...]:
+    """The forms an operator offers in this installation: :data:`REFERENCE_FORMS`, and ``"triton"`` for
+    log-linear attention without ``beta`` where triton can be imported."""
+    kernel = kernel_computes(loglinear, beta) and kernels_available()
+    return REFERENCE_FORMS + ((KERNEL_FORM,) if kernel else ())
+
+
+def default_form(x: torch.Tensor, loglinear: bool, beta: bool) -> str:
+    """``"triton"`` for CUDA tensors of fp32/fp16/bf16 when the kernels compute the variant, else ``"chunkwise"``."""
+    fast = x.is_cuda and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    return KERNEL_FORM if fast and KERNEL_FORM in forms(loglinear, beta) else "chunkwise"
+
+
+def resolve_backend(backend: str, x: torch.Tensor, loglinear: bool, beta: bool) -> str:
+    """The backend a layer's call on ``x`` uses, ``"torch"`` or ``"triton"``.
+
+    ``"auto"`` takes the Triton kernel when it computes the variant, triton is installed and ``x`` is on CUDA;
+    ``"triton"`` insists on it (a ``ValueError`` says why it cannot); ``"torch"`` runs the PyTorch forms.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "torch":
+        return "torch"
+    usable = KERNEL_FORM in forms(loglinear, beta)
+    if backend == "auto":
+        return "triton" if usable and x.is_cuda else "torch"
+    if not usable:
+        why = ("the Triton kernels compute log-linear attention without the delta rule"
+               if not kernel_computes(loglinear, beta) else "triton is not installed")
+        raise ValueError(f"backend='triton' is not available for this layer: {why}; use backend='torch' or 'auto'")
+    return "triton"
+
+
+def mix(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_decay: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
+    level_scales: torch.Tensor | None = None,
+    *,
+    form: str = "chunkwise",
+    chunk_size: int = 64,
+) -> torch.Tensor:
+    """``O = (A ⊙ M) V`` of a linear model (``level_scales=None``) or of its log-linear version, unchecked.
+
+    q, k: ``[B, T, Hk, K]`` with ``Hk`` = H or 1 (shared by heads); v: ``[B, T, H, V]``; log_decay, beta:
+    ``[B, T, H]`` or None; level_scales: ``[B, T, H, L]`` (λ) or None. form: one of :func:`forms`.
+    Returns ``[B, T, H, V]``. Under autocast the operators run in float32.
+    """
+    if torch.is_autocast_enabled(q.device.type):
+        with torch.autocast(q.device.type, enabled=False):
+            up = [None if x is None else x.float() for x in (q, k, v, log_decay, beta, level_scales)]
+            return mix(*up, form=form, chunk_size=chunk_size)
+    if form == KERNEL_FORM:
+        if not kernel_computes(level_scales is not None, beta is not None):
+            raise ValueError("form='triton' computes log-linear attention without the delta rule: "
+                             "level_scales are needed and beta must be None")
+        from .kernels.step5_loglinear_mamba2 import loglinear_mamba2
+
+        return loglinear_mamba2(q, k, v, level_scales, log_decay, chunk_size=chunk_size)
+    H = v.shape[2]
+    q, k, v = heads_first(q, H), heads_first(k, H), heads_first(v, H)
+    g = None if log_decay is None else log_decay.transpose(1, 2)
+    b = None if beta is None else beta.transpose(1, 2)
+    if level_scales is None:
+        return time_first(LINEAR_FORMS[form](q, k, v, g, b, chunk_size))
+    return time_first(LOGLINEAR_FORMS[form](q, k, v, level_scales.transpose(1, 2), g, b, chunk_size))
+
+
+def _checked(q, k, v, level_scales, log_decay, beta, form, chunk_size):
+    """Check the inputs of an operator; returns the form to run."""
+    dims = check_qkv(q, k, v)
+    if level_scales is not None:
+        check_level_scales(level_scales, dims, q)
+    if log_decay is not None:
+        check_gate("log_decay", log_decay, dims, q, nonpositive=True)
+    if beta is not None:
+        check_gate("beta", beta, dims, q)
+    loglinear, delta = level_scales is not None, beta is not None
+    if form is None:
+        form = default_form(q, loglinear, delta)
+    if form == KERNEL_FORM and KERNEL_FORM not in forms(loglinear, delta):
+        why = "it computes log-linear attention without the delta rule" if not kernel_computes(loglinear, delta) \
+            else "triton is not installed"
+        raise ValueError(f"form='triton' is not available here ({why}); use one of {REFERENCE_FORMS}")
+    check_form(form, forms(loglinear, delta))
+    check_chunk_size(chunk_size)
+    return form
+
+
+def softmax_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float | None = None,
+    form: str = "chunkwise",
+    chunk_size: int = 64,
+) -> torch.Tensor:
+    """Causal softmax attention ``o_t = Σ_{s<=t} softmax_s(scale · q_t·k_s) v_s`` (:mod:`loglin_edu.softmax`).
+
+    q, k: ``[B, T, H, K]`` (or ``H = 1``); v: ``[B, T, H, V]``; scale: ``1/√K`` when None; form: one of
+    :data:`REFERENCE_FORMS`. Returns ``[B, T, H, V]``.
+    """
+    dims = check_qkv(q, k, v)
+    check_form(form, REFERENCE_FORMS)
+    check_chunk_size(chunk_size)
+    scale = 1.0 / math.sqrt(dims.K) if scale is None else float(scale)
+    q, k, v = (heads_first(x, dims.H) for x in (q, k, v))
+    return time_first(SOFTMAX_FORMS[form](q, k, v, scale, chunk_size))
+
+
+def linear_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, form: str = "chunkwise", chunk_size: int = 64
+) -> torch.Tensor:
+    """Causal linear attention ``o_t = Σ_{s<=t} (q_t·k_s) v_s`` (:mod:`loglin_edu.linear`).
+
+    q, k: ``[B, T, H, K]`` (or ``H = 1``: shared by all heads); v: ``[B, T, H, V]`` -> ``[B, T, H, V]``.
+    """
+    return mamba2_attention(q, k, v, None, form=form, chunk_size=chunk_size)
+
+
+def mamba2_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_decay: torch.Tensor | None,
+    *,
+    form: str = "chunkwise",
+    chunk_size: int = 64,
+) -> torch.Tensor:
+    """Mamba-2 (scalar decay): ``o_t = Σ_{s<=t} (q_t·k_s) exp(G_t - G_s) v_s`` (:mod:`loglin_edu.linear`).
+
+    q, k: ``[B, T, H, K]`` (or ``H = 1``); v: ``[B, T, H, V]``; log_decay: ``[B, T, H]`` (``g <= 0``) or
+    None (linear attention). Returns ``[B, T, H, V]``.
+    """
+    form = _checked(q, k, v, None, log_decay, None, form, chunk_size)
+    return mix(q, k, v, log_decay, form=form, chunk_size=chunk_size)
+
+
+def gated_deltanet_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_decay: torch.Tensor | None,
+    beta: torch.Tensor,
+    *,
+    form: str = "chunkwise",
+    chunk_size: int = 64,
+) -> torch.Tensor:
+    """Gated DeltaNet (:mod:`loglin_edu.deltanet`). q, k: ``[B, T, H, K]`` (or ``H = 1``); v: ``[B, T, H, V]``;
+    log_decay: ``[B, T, H]`` (``g <= 0``) or None (DeltaNet); beta: ``[B, T, H]``. Returns ``[B, T, H, V]``.
+    """
+    if beta is None:
+        raise ValueError("beta must be a [B, T, H] tensor for the delta rule, got None (use mamba2_attention)")
+    form = _checked(q, k, v, None, log_decay, beta, form, chunk_size)
+    return mix(q, k, v, log_decay, beta, form=form, chunk_size=chunk_size)
+
+
+def loglinear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    level_scales: torch.Tensor,
+    log_decay: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
+    *,
+    form: str | None = None,
+    chunk_size: int = 64,
+) -> torch.Tensor:
+    """Log-linear attention over any linear model of the book (:mod:`loglin_edu.loglinear`).
+
+    q, k: ``[B, T, H, K]`` (or ``H = 1``: shared by all heads); v: ``[B, T, H, V]``;
+    level_scales: ``[B, T, H, L]`` with ``L >= num_levels(T)`` (λ, indexed by query and level);
+    log_decay: ``[B, T, H]`` with ``g <= 0`` or None (no decay); beta: ``[B, T, H]`` or None (no delta
+    rule). Log-linear Mamba-2 passes ``log_decay``; log-linear Gated DeltaNet passes both.
+    form: one of :func:`forms`; None (the default) means ``"triton"`` for CUDA tensors of fp32/fp16/bf16
+    when the kernels compute the variant, ``"chunkwise"`` otherwise. chunk_size: a power of two
+    (chunkwise and triton; triton raises it to at least 16). Returns ``[B, T, H, V]``. No scale or
+    normalisation is applied to q, k.
+    """
+    form = _checked(q, k, v, level_scales, log_decay, beta, form, chunk_size)
+    return mix(q, k, v, log_decay, beta, level_scales, form=form, chunk_size=chunk_size)

@@ -1,0 +1,65 @@
+"""One timer for every measurement of the package: the median of repeated calls, in milliseconds.
+
+On a CPU: wall-clock ``time.perf_counter`` around each call. On CUDA: ``triton.testing.do_bench`` (CUDA
+events, the L2 cache flushed between calls) when triton is installed, else CUDA events around each call.
+A median, not a mean: one call slowed by another process does not move it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable
+
+import torch
+
+
+def median_ms(
+    fn: Callable[[], object],
+    *,
+    device: torch.device | str = "cpu",
+    repeats: int = 5,
+    warmup: int = 1,
+    grads: Iterable[torch.Tensor] = (),
+) -> float:
+    """Median milliseconds of ``fn()`` over ``repeats`` calls after ``warmup`` calls.
+
+    device: where ``fn`` runs (CUDA calls are synchronised); grads: tensors whose ``.grad`` is reset to
+    None before every call (a backward pass then allocates instead of accumulating).
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    grads = list(grads)
+    if torch.device(device).type == "cuda":
+        return _cuda_median_ms(fn, repeats, warmup, grads)
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        for g in grads:
+            g.grad = None
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def _cuda_median_ms(fn, repeats: int, warmup: int, grads: list[torch.Tensor]) -> float:
+    try:
+        import triton.testing
+    except ImportError:
+        triton = None
+    if triton is not None:
+        return triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grads or None, return_mode="median")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        for g in grads:
+            g.grad = None
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
