@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ..softmax import softmax_attention
+from ..ops import softmax_attention
 from .checking import Case, Exercise, Mismatch, call, sequence_cases
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..linear import linear_attention
+from ..ops import linear_attention
 from .checking import Case, Exercise, call, drive_steps, sequence_cases
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..deltanet import gated_deltanet_attention
-from ..linear import mamba2_attention
+from ..ops import gated_deltanet_attention
+from ..ops import mamba2_attention
 from ..masks import decay_mask
 from .checking import Case, Exercise, drive_steps, sequence_cases
 

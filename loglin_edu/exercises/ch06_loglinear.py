@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..loglinear import loglinear_attention
+from ..ops import loglinear_attention
 from ..state import FenwickState
 from .checking import Case, Exercise, Mismatch, call, describe, random_qkv, tensor_cases
 
