@@ -251,6 +251,19 @@ def test_built_pages_load_nothing_from_outside():
     assert not found, found[:20]
 
 
+def test_each_page_runs_each_script_once():
+    """No page loads a script file twice or repeats an inline script (a repeated ``const`` is a SyntaxError)."""
+    repeated = {}
+    for page in sorted(HTML.rglob("*.html")):
+        head = page.read_text(encoding="utf-8").split("</head>")[0]
+        scripts = re.findall(r"<script\b([^>]*)>(.*?)</script>", head, flags=re.S)
+        keys = [re.sub(r"\?v=\w+", "", attrs) + body for attrs, body in scripts if "widget-state" not in attrs]
+        twice = sorted({k[:80] for k in keys if keys.count(k) > 1})
+        if twice:
+            repeated[str(page.relative_to(HTML))] = twice
+    assert not repeated, repeated
+
+
 EXPLORERS = [("buckets", "04_"), ("masks", "05_"), ("decoding", "06_"), ("scan", "07_")]
 
 
@@ -281,7 +294,8 @@ def test_widget_manager_can_typeset_with_mathjax_3(browser):
     page, problems = open_page(browser, PAGES[1])
     try:
         page.evaluate(
-            r"""() => { const e = document.createElement('p'); e.id = 'hub-check'; e.className = 'math'; e.textContent = '\\(x^2\\)';
+            r"""() => { const e = document.createElement('p');
+                       e.id = 'hub-check'; e.className = 'math'; e.textContent = '\\(x^2\\)';
                        document.querySelector('main').appendChild(e);
                        MathJax.Hub.Queue(['Typeset', MathJax.Hub, e]); }"""
         )
@@ -308,7 +322,9 @@ OVERFLOW = """() => {
     for (let a = (box || item).parentElement; a && a !== document.documentElement; a = a.parentElement) {
       if (getComputedStyle(a).overflowX !== "visible") limit = Math.min(limit, a.getBoundingClientRect().right);
     }
-    if (right > limit + 1) bad.push(`${item.tagName.toLowerCase()} in #${where(item)}: right edge ${Math.round(right)} > ${Math.round(limit)}`);
+    if (right > limit + 1) {
+      bad.push(`${item.tagName.toLowerCase()} in #${where(item)}: right edge ${Math.round(right)} > ${Math.round(limit)}`);
+    }
   }
   const page = document.documentElement.scrollWidth - window.innerWidth;
   const wide = [...document.querySelectorAll('mjx-container[display="true"]')]

@@ -37,8 +37,10 @@ def test_wheel_ships_the_browser_explorers_javascript(tmp_path):
     for package in ("loglin_edu", "kernels"):
         shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(source)],
-        check=True, capture_output=True,
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path),
+         str(source)],
+        check=True,
+        capture_output=True,
     )
     wheel = next(tmp_path.glob("loglin_edu-*.whl"))
     assert "loglin_edu/viz/explorers.js" in zipfile.ZipFile(wheel).namelist()

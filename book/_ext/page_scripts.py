@@ -22,7 +22,8 @@ def keep_each_script_once(app, pagename, templatename, context, doctree):
         return
     seen, kept = set(), []
     for script in scripts:
-        key = (str(getattr(script, "filename", script)), tuple(sorted(getattr(script, "attributes", {}).items())))
+        filename = str(getattr(script, "filename", script) or "")  # inline scripts: None or ""
+        key = (filename, tuple(sorted(getattr(script, "attributes", {}).items())))
         if key in seen or _is_unused(script):
             continue
         seen.add(key)
