@@ -18,7 +18,7 @@ test: setup
 	$(PY) -m pytest -q
 
 test-fast: setup
-	$(PY) -m pytest -q -x --hypothesis-profile=default -k "not slow"
+	$(PY) -m pytest -q -x -m "not slow and not gpu"
 
 gpu-test: setup
 	$(PY) -m pytest -q -m gpu

@@ -84,6 +84,13 @@ def split_leaf(dtype: torch.dtype, precision: str = "fast") -> bool:
     return dtype in (torch.float16, torch.bfloat16) and precision != "fast"
 
 
+def partial_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Storage type of per-head (or per-block) shares of dq, dk that the host sums afterwards: the input's own
+    type for 16-bit inputs (half the traffic of the sum; each share is rounded once, and the sum of ``H``
+    shares is accumulated in fp32), the accumulator type otherwise."""
+    return dtype if dtype in (torch.float16, torch.bfloat16) else accumulator_dtype(dtype)
+
+
 def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
     """Registers accumulate in fp32 (fp64 for fp64 inputs, which only the interpreter's checks use)."""
     return torch.float64 if dtype == torch.float64 else torch.float32

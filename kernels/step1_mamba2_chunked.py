@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .config import MAX_BLOCK, accumulator_dtype, dot_precision, head_block
+from .config import MAX_BLOCK, accumulator_dtype, dot_precision, head_block, partial_dtype
 from .inputs import chunk_decay, last_dim_contiguous, reverse_cumsum, same_strides
 from .tiles import decay_matrix, load_qk_scores, load_tile, store_tile
 
@@ -70,19 +70,20 @@ def mamba2_fwd_kernel(
 def mamba2_bwd_kernel(
     q_ptr, k_ptr, v_ptr, gc_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, qdq_ptr, kdk_ptr,
     T, N, H, K, V,
-    sqb, sqt, sqh, svb, svt, svh, sdb, sdt, sdh, sgb, sgt, sgh,
+    sqb, sqt, sqh, svb, svt, svh, sdob, sdot, sdoh, sdvb, sdvt, sdvh,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IP: tl.constexpr,
 ):
-    """Grid ``(V / BV, H, B)``. do, dv: [B, T, H, V] (strides ``sd*``, ``sg*``). Writes this V-block's share of dq, dk (fp32 ``[NV, B, T, H, K]``, summed
-    by the host), dv (``[B, T, H, V]``) and of ``q·dq``, ``k·dk`` (fp32 ``[NV, B, H, N·C]``)."""
+    """Grid ``(V / BV, H, B)``. do, dv: [B, T, H, V] (strides ``sdo*``, ``sdv*``). Writes this V-block's share
+    of dq, dk (fp32 ``[NV, B, T, H, K]``, summed by the host), dv (``[B, T, H, V]``) and of ``q·dq``, ``k·dk``
+    (fp32 ``[NV, B, H, N·C]``)."""
     i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rk = tl.arange(0, BK)
     rv = i_v * BV + tl.arange(0, BV)
     q_ptr += i_b.to(tl.int64) * sqb + i_h * sqh
     k_ptr += i_b.to(tl.int64) * sqb + i_h * sqh
     v_ptr += i_b.to(tl.int64) * svb + i_h * svh
-    do_ptr += i_b.to(tl.int64) * sdb + i_h * sdh
-    dv_ptr += i_b.to(tl.int64) * sgb + i_h * sgh
+    do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh
+    dv_ptr += i_b.to(tl.int64) * sdvb + i_h * sdvh
     part = ((i_v * tl.num_programs(2) + i_b) * T).to(tl.int64) * H * K + i_h * K  # [NV, B, T, H, K]
     dq_ptr += part
     dk_ptr += part
@@ -97,7 +98,7 @@ def mamba2_bwd_kernel(
         q = load_tile(q_ptr, sqt, t, T, rk, K)
         k = load_tile(k_ptr, sqt, t, T, rk, K)
         v = load_tile(v_ptr, svt, t, T, rv, V)
-        do = load_tile(do_ptr, sdt, t, T, rv, V)
+        do = load_tile(do_ptr, sdot, t, T, rv, V)
         gc = tl.load(gc_ptr + t)
         g_last = tl.load(gc_ptr + c * C + C - 1)
         d_scores = tl.dot(do, tl.trans(v), input_precision=IP) * decay_matrix(gc, C)
@@ -114,7 +115,7 @@ def mamba2_bwd_kernel(
         t = c * C + tl.arange(0, C)
         q, k, scores = load_qk_scores(q_ptr, k_ptr, sqt, t, T, rk, K, IP)
         v = load_tile(v_ptr, svt, t, T, rv, V)
-        do = load_tile(do_ptr, sdt, t, T, rv, V)
+        do = load_tile(do_ptr, sdot, t, T, rv, V)
         gc = tl.load(gc_ptr + t)
         g_last = tl.load(gc_ptr + c * C + C - 1)
         decay = decay_matrix(gc, C)
@@ -125,7 +126,7 @@ def mamba2_bwd_kernel(
         dv += tl.dot((k * to_end[:, None]).to(do.dtype), d_state.to(do.dtype), input_precision=IP)
         dk = tl.dot(tl.trans(d_scores.to(q.dtype)), q, input_precision=IP)
         dk += tl.dot(v, tl.trans(d_state.to(v.dtype)), input_precision=IP) * to_end[:, None]
-        store_tile(dv_ptr, sgt, t, T, rv, V, dv)
+        store_tile(dv_ptr, sdvt, t, T, rv, V, dv)
         store_tile(dk_ptr, H * K, t, T, rk, K, dk)
         tl.store(kdk_ptr + t, tl.sum(k.to(dk.dtype) * dk, 1))
         q_from_start = (q * tl.exp(gc)[:, None]).to(do.dtype)
@@ -159,7 +160,7 @@ def mamba2_backward(q, k, v, gc, do, chunk_size: int = 64, num_warps: int = 4):
     """Backward of step 1: ``(dq, dk, dv, dG)`` with dq, dk shaped like q, k and
     ``dG: [B, H, N·C]`` (fp32) the gradient of the cumulative decay ``G``."""
     B, T, H, K, V, BK, BV, NV, N = _launch_shape(q, v, chunk_size)
-    dq = q.new_empty(NV, B, T, H, K, dtype=accumulator_dtype(q.dtype))
+    dq = q.new_empty(NV, B, T, H, K, dtype=partial_dtype(q.dtype))
     dk = torch.empty_like(dq)
     dv = torch.empty(B, T, H, V, device=v.device, dtype=v.dtype)
     qdq = q.new_zeros(NV, B, H, N * chunk_size, dtype=accumulator_dtype(q.dtype))
@@ -171,10 +172,13 @@ def mamba2_backward(q, k, v, gc, do, chunk_size: int = 64, num_warps: int = 4):
         dv.stride(0), dv.stride(1), dv.stride(2),
         C=chunk_size, BK=BK, BV=BV, IP=dot_precision(q.dtype), num_warps=num_warps,
     )
-    dq, dk = dq.sum(0), dk.sum(0)
+    if NV > 1:
+        dq, dk = dq.sum(0), dk.sum(0)
+    else:
+        dq, dk = dq[0], dk[0]
     if q.shape[2] == 1:
         dq, dk = dq.sum(2, keepdim=True), dk.sum(2, keepdim=True)
-    return dq.to(q.dtype), dk.to(k.dtype), dv, (qdq - kdk).sum(0)
+    return dq.to(q.dtype), dk.to(k.dtype), dv, (qdq - kdk).sum(0) if NV > 1 else qdq[0] - kdk[0]
 
 
 class Mamba2Chunked(torch.autograd.Function):

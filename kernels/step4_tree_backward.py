@@ -59,7 +59,16 @@ import triton
 import triton.language as tl
 
 from ..fenwick import num_chunk_levels
-from .config import LaunchConfig, accumulator_dtype, dot_precision, head_block, level_block, split_leaf, state_dtype
+from .config import (
+    LaunchConfig,
+    accumulator_dtype,
+    dot_precision,
+    head_block,
+    level_block,
+    partial_dtype,
+    split_leaf,
+    state_dtype,
+)
 from .tiles import (
     decay_matrix,
     fenwick_levels,
@@ -76,7 +85,7 @@ from .tiles import (
 
 @triton.jit
 def reader_share(
-    q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, sqt, sdt, slt, c, level, g_e, T, K, V, L,
+    q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, sqt, sdot, slt, c, level, g_e, T, K, V, L,
     C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IP: tl.constexpr, dtype,
     SPLIT_DOTS: tl.constexpr,
 ):
@@ -85,7 +94,7 @@ def reader_share(
     inputs) as two exact 16-bit products of ``Q̃``'s parts (see the module)."""
     t = c * C + tl.arange(0, C)
     q = load_tile(q_ptr, sqt, t, T, tl.arange(0, BK), K)
-    do = load_tile(do_ptr, sdt, t, T, tl.arange(0, BV), V)
+    do = load_tile(do_ptr, sdot, t, T, tl.arange(0, BV), V)
     gc = tl.load(gc_ptr + t)
     lam = tl.load(lam_ptr + t.to(tl.int64) * slt + C_LOG + level, mask=(t < T) & (t * 0 + C_LOG + level < L), other=0.0)
     decay = (tl.load(gend_ptr + c - 1) - g_e).to(gc.dtype)
@@ -100,7 +109,7 @@ def reader_share(
 def node_grad_kernel(
     q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr,
     T, N, NB, H, K, V, L, n_levels, n_inner,
-    sqb, sqt, sqh, sdb, sdt, sdh, slb, slt, slh,
+    sqb, sqt, sqh, sdob, sdot, sdoh, slb, slt, slh,
     C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, M: tl.constexpr,
     IP: tl.constexpr, SPLIT_DOTS: tl.constexpr,
 ):
@@ -110,7 +119,7 @@ def node_grad_kernel(
     bh = (i_b * H + i_h).to(tl.int64)
     tile = tl.arange(0, BK)[:, None] * BV + tl.arange(0, BV)[None, :]
     q_ptr += i_b.to(tl.int64) * sqb + i_h * sqh
-    do_ptr += i_b.to(tl.int64) * sdb + i_h * sdh
+    do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh
     lam_ptr += i_b.to(tl.int64) * slb + i_h * slh
     gc_ptr += bh * N * C
     gend_ptr += bh * N
@@ -127,7 +136,7 @@ def node_grad_kernel(
                 for j in range(half):
                     c = e + 1 + j
                     if c < N:
-                        acc += reader_share(q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, sqt, sdt, slt, c, level, g_e,
+                        acc += reader_share(q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, sqt, sdot, slt, c, level, g_e,
                                             T, K, V, L, C, C_LOG, BK, BV, IP, dnode_ptr.dtype.element_ty, SPLIT_DOTS)
                 tl.store(dnode_ptr + e.to(tl.int64) * BK * BV + tile, acc.to(dnode_ptr.dtype.element_ty))
     for level in range(M + 1, n_levels + 1):  # nodes above: this block's share, added atomically
@@ -138,7 +147,7 @@ def node_grad_kernel(
             for j in range(1 << M):
                 c = c_first + j
                 if c < N:
-                    acc += reader_share(q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, sqt, sdt, slt, c, level, g_e,
+                    acc += reader_share(q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, sqt, sdot, slt, c, level, g_e,
                                         T, K, V, L, C, C_LOG, BK, BV, IP, dnode_ptr.dtype.element_ty, SPLIT_DOTS)
             tl.atomic_add(dupper_ptr + (((e + 1) >> M) - 1).to(tl.int64) * BK * BV + tile, acc)
 
@@ -147,12 +156,12 @@ def node_grad_kernel(
 def dq_kernel(
     q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, node_ptr, do_ptr, dq_ptr, dlam_ptr, qdq_ptr,
     T, N, H, K, V, L, n_levels,
-    sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdb, sdt, sdh, sgb, sgt, sgh, sxb, sxt, sxh,
+    sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdqb, sdqt, sdqh, sdlb, sdlt, sdlh,
     C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
     HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
 ):
-    """Grid ``(H / HG, N, B)``. dq: ``[B, T, H, K]`` (strides ``sg*``), or with SHARED one slot per head
-    group; dlam: ``[B, T, H, L]`` (strides ``sx*``); qdq: ``[B, H, N·C]`` receives ``q·dq`` less the
+    """Grid ``(H / HG, N, B)``. dq: ``[B, T, H, K]`` (strides ``sdq*``), or with SHARED one slot per head
+    group; dlam: ``[B, T, H, L]`` (strides ``sdl*``); qdq: ``[B, H, N·C]`` receives ``q·dq`` less the
     chunk's own ``k·dk`` (both from the fp32 ``[C, C]`` pair matrix, where they cancel exactly)."""
     i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t = i_c * C + tl.arange(0, C)
@@ -170,7 +179,7 @@ def dq_kernel(
         if not SHARED:
             q, k, scores = load_qk_scores(q_ptr + h * sqh, k_ptr + h * sqh, sqt, t, T, rk, K, IP)
         v = load_tile(v_ptr + i_b.to(tl.int64) * svb + h * svh, svt, t, T, rv, V)
-        do = load_tile(do_ptr + i_b.to(tl.int64) * sdb + h * sdh, sdt, t, T, rv, V)
+        do = load_tile(do_ptr + i_b.to(tl.int64) * sdob + h * sdoh, sdot, t, T, rv, V)
         gc = tl.load(gc_ptr + bh * N * C + t)
         lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + h * slh, slt, t, T, L, BL, gc.dtype)
         decay = decay_matrix(gc, C)
@@ -194,26 +203,26 @@ def dq_kernel(
                 dq += lam_level[:, None] * x
                 d_cum += lam_level * d_level  # q · (this level's share of dq)
         tl.store(qdq_ptr + bh * N * C + t, d_cum)
-        store_tile(dlam_ptr + i_b.to(tl.int64) * sxb + h * sxh, sxt, t, T, cols, L, dlam)
+        store_tile(dlam_ptr + i_b.to(tl.int64) * sdlb + h * sdlh, sdlt, t, T, cols, L, dlam)
         if SHARED:
             dq_group += dq
         else:
-            store_tile(dq_ptr + i_b.to(tl.int64) * sgb + h * sgh, sgt, t, T, rk, K, dq)
+            store_tile(dq_ptr + i_b.to(tl.int64) * sdqb + h * sdqh, sdqt, t, T, rk, K, dq)
     if SHARED:
-        store_tile(dq_ptr + i_b.to(tl.int64) * sgb + i_g * sgh, sgt, t, T, rk, K, dq_group)
+        store_tile(dq_ptr + i_b.to(tl.int64) * sdqb + i_g * sdqh, sdqt, t, T, rk, K, dq_group)
 
 
 @triton.jit
 def dkdv_kernel(
     q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr, res_ptr, do_ptr, dk_ptr, dv_ptr, kdk_ptr,
     T, N, NB, H, K, V, L, n_levels,
-    sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdb, sdt, sdh, sgb, sgt, sgh, sub, sut, suh,
+    sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdkb, sdkt, sdkh, sdvb, sdvt, sdvh,
     C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
     M: tl.constexpr, HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
     SPLIT: tl.constexpr, SPLIT_DOTS: tl.constexpr, RESIDUAL: tl.constexpr,
 ):
-    """Grid ``(H / HG, N, B)``. dk: as dq of :func:`dq_kernel` (strides ``sg*``); dv: ``[B, T, H, V]``
-    (strides ``su*``); kdk: ``[B, H, N·C]`` receives ``K̃·dK̃`` of the leaf (the chunk's own part is in
+    """Grid ``(H / HG, N, B)``. dk: as dq of :func:`dq_kernel` (strides ``sdk*``); dv: ``[B, T, H, V]``
+    (strides ``sdv*``); kdk: ``[B, H, N·C]`` receives ``K̃·dK̃`` of the leaf (the chunk's own part is in
     qdq), and at the chunk's last token the correction of its node's stored rounding (res, with RESIDUAL).
     SPLIT as the tree kernel's; SPLIT_DOTS: fp32 node gradients of 16-bit inputs, multiplied in two parts."""
     i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -233,7 +242,7 @@ def dkdv_kernel(
         if not SHARED:
             q, k, scores = load_qk_scores(q_ptr + h * sqh, k_ptr + h * sqh, sqt, t, T, rk, K, IP)
         v = load_tile(v_ptr + i_b.to(tl.int64) * svb + h * svh, svt, t, T, rv, V)
-        do = load_tile(do_ptr + i_b.to(tl.int64) * sdb + h * sdh, sdt, t, T, rv, V)
+        do = load_tile(do_ptr + i_b.to(tl.int64) * sdob + h * sdoh, sdot, t, T, rv, V)
         gc = tl.load(gc_ptr + bh * N * C + t)
         lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + h * slh, slt, t, T, L, BL, gc.dtype)
         weights = decay_matrix(gc, C) * level_scale_matrix(lam, levels, C_LOG, BL)
@@ -273,13 +282,13 @@ def dkdv_kernel(
         dk += d_k_leaf * to_end[:, None]
         k_dk = tl.sum(k_leaf * d_k_leaf, 1) + own_rounding
         tl.store(kdk_ptr + bh * N * C + t, k_dk)  # the chunk's own part is in dq_kernel's
-        store_tile(dv_ptr + i_b.to(tl.int64) * sub + h * suh, sut, t, T, rv, V, dv)
+        store_tile(dv_ptr + i_b.to(tl.int64) * sdvb + h * sdvh, sdvt, t, T, rv, V, dv)
         if SHARED:
             dk_group += dk
         else:
-            store_tile(dk_ptr + i_b.to(tl.int64) * sgb + h * sgh, sgt, t, T, rk, K, dk)
+            store_tile(dk_ptr + i_b.to(tl.int64) * sdkb + h * sdkh, sdkt, t, T, rk, K, dk)
     if SHARED:
-        store_tile(dk_ptr + i_b.to(tl.int64) * sgb + i_g * sgh, sgt, t, T, rk, K, dk_group)
+        store_tile(dk_ptr + i_b.to(tl.int64) * sdkb + i_g * sdkh, sdkt, t, T, rk, K, dk_group)
 
 
 def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: int = 64,
@@ -315,7 +324,7 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: in
         SPLIT_DOTS=split_dots, num_warps=config.tree_warps,
     )
     if shared:
-        dq = torch.empty(B, T, H // HG, K, device=q.device, dtype=acc)
+        dq = torch.empty(B, T, H // HG, K, device=q.device, dtype=partial_dtype(q.dtype))
         dk = torch.empty_like(dq)
     else:
         dq = grads.get("dq", torch.empty(B, T, H, K, device=q.device, dtype=q.dtype))

@@ -14,8 +14,15 @@ settings.register_profile("thorough", deadline=None, max_examples=200, suppress_
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
+BOOK_FIXTURES = {"browser", "built_book"}  # the book's build and its pages: minutes, not seconds
+
+
 def pytest_collection_modifyitems(config, items):
-    """GPU tests run only when asked (``-m gpu``) and a CUDA device exists."""
+    """Executing a chapter, building the book and opening its pages are ``slow``; GPU tests run only when
+    asked (``-m gpu``) and a CUDA device exists."""
+    for item in items:
+        if getattr(item, "originalname", "") == "test_chapter_executes" or BOOK_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

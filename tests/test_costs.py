@@ -1,7 +1,6 @@
 """Costs: the decoding state holds O(log T) levels; the chunk scan does O(T log T) work and never
 builds a T × T tensor. Work is counted in multiply-adds of matrix products, never in seconds."""
 
-import math
 
 import pytest
 import torch

@@ -59,6 +59,7 @@ def check_all_forms(op, B, T, H, K, V, chunk_size, seed, shared_qk):
     seed=st.integers(0, 2**31 - 1),
     shared_qk=st.booleans(),
 )
+@pytest.mark.slow
 def test_every_form_agrees_with_naive(op, B, T, H, K, V, log2_chunk, seed, shared_qk):
     check_all_forms(op, B, T, H, K, V, 2**log2_chunk, seed, shared_qk)
 

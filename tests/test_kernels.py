@@ -183,6 +183,7 @@ def test_unknown_precision_is_refused():
         LaunchConfig(precision="best")
 
 
+@pytest.mark.slow
 def test_vmap_folds_the_mapped_dimension_into_the_batch():
     """``vmap`` over a stack of M problems (the training ensemble's case), some inputs mapped and some
     shared, equals a loop over the members — output and every gradient."""
@@ -301,6 +302,7 @@ def test_benchmark_cpu_tier(tmp_path):
     assert work["forward_flops"] > 0 and rows["loglinear (ours, triton)"]["floor_forward_backward_ms"] > 0
 
 
+@pytest.mark.slow
 def test_benchmark_precision_ladder_cpu_tier(tmp_path):
     from loglin_edu.bench.__main__ import main
     from loglin_edu.kernels.config import PRECISIONS

@@ -86,19 +86,19 @@ def test_unit_level_scales_recover_the_linear_layer(linear_name, loglinear_name,
     if linear_name == "mamba2":  # the linear layer's in_proj is the first rows of the log-linear one's
         state["in_proj.weight"] = state["in_proj.weight"][: linear.in_proj.out_features]
     linear.load_state_dict({k: v for k, v in state.items() if k in linear.state_dict()})
-    loglinear.levels.forward = lambda dl: torch.ones(*dl.shape[:2], loglinear.num_heads, loglinear.levels.num_levels,
+    loglinear.level_scales.forward = lambda dl: torch.ones(*dl.shape[:2], loglinear.num_heads, loglinear.level_scales.num_levels,
                                                      dtype=dl.dtype)
     x = torch.randn(2, 37, D, dtype=torch.float64)
     assert_close(loglinear(x), linear(x), rtol=1e-12, what=f"{loglinear_name} with λ ≡ 1 vs {linear_name}")
     # and λ matters: with its own λ the layer differs
-    del loglinear.levels.forward
+    del loglinear.level_scales.forward
     assert (loglinear(x) - linear(x)).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("name", ["loglinear_mamba2", "loglinear_gated_deltanet"])
 def test_max_len_fixes_the_levels_and_is_enforced(name):
     layer = make_layer(name, max_len=16, backend="torch")
-    assert layer.levels.num_levels == le.num_levels(16) == 5
+    assert layer.level_scales.num_levels == le.num_levels(16) == 5
     layer(torch.randn(1, 16, D, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"T=17.*max_len=16"):
         layer(torch.randn(1, 17, D, dtype=torch.float64))
@@ -155,6 +155,7 @@ def test_triton_backend_matches_torch(device):
         assert rel(g, ref[2][n]) < 5e-3, n
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(KERNEL_FORM not in forms(loglinear=True), reason="triton is not installed")
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_triton_backend_trains_inside_the_ensemble(device):

@@ -10,6 +10,8 @@ import torch
 
 from loglin_edu.data import mqar
 from loglin_edu.experiments import mqar as experiment
+from loglin_edu.experiments.mqar.__main__ import main as experiment_main
+from loglin_edu.experiments.mqar.jobs import tier_from_dict, tier_to_dict
 from loglin_edu.layers import ModelConfig
 from loglin_edu.train import Member, TrainConfig, lr_factor, save_atomic, train
 
@@ -111,13 +113,13 @@ def test_batch_size_must_split_over_the_sets():
 
 
 def test_cli_runs_the_cpu_tier_end_to_end(tmp_path):
-    experiment.main(["--tier", "cpu", "--steps", "2", "--eval-every", "2", "--out", str(tmp_path), "--no-progress",
+    experiment_main(["--tier", "cpu", "--steps", "2", "--eval-every", "2", "--out", str(tmp_path), "--no-progress",
                      "--results", str(tmp_path / "results")])
     result = json.loads((tmp_path / "results" / "mqar_cpu.json").read_text())
     assert [j["model_name"] for j in result["jobs"]] == list(experiment.MODELS)
     assert len(result["best"]) == len(experiment.MODELS)
     assert result["command"].startswith("python -m loglin_edu.experiments.mqar --tier cpu")
-    assert {"device", "torch", "date"} <= result["environment"].keys()
+    assert {"device", "commit", "date"} <= result.keys() and "torch" in result["versions"]
     for job in result["jobs"]:
         assert job["complete"] and job["parameters"]["total"] > job["parameters"]["embedding"] > 0
         assert (tmp_path / f"{job['name']}" / "checkpoint.pt").exists()
@@ -125,7 +127,7 @@ def test_cli_runs_the_cpu_tier_end_to_end(tmp_path):
 
 def test_tier_backend_reaches_the_layers():
     tier = replace(experiment.TIERS["cpu"], backend="auto")
-    assert experiment._tier_from_dict(experiment._tier_to_dict(tier)) == tier
+    assert tier_from_dict(tier_to_dict(tier)) == tier
     assert experiment.model_config(tier, "loglinear_mamba2", 32).mixer_options["backend"] == "auto"
     assert experiment.model_config(tier, "gated_deltanet", 32).mixer_options["backend"] == "torch"  # no kernel
     with pytest.raises(ValueError, match="backend must be"):

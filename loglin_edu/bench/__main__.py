@@ -17,6 +17,9 @@ from .measure import benchmark, precision_ladder, variants
 from .report import plot, summary_table, with_floor
 from .settings import CPU, GPU, Setting
 
+VARIANTS = ((1, 4, 4, 4), (8, 4, 4, 4), (8, 4, 8, 4), (48, 4, 8, 4), (8, 3, 4, 8))
+"""``--variants`` without ``--configs``: (head_group, block_levels, num_warps, tree_warps) of each run."""
+
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m loglin_edu.bench", description="How fast is it: the log-linear kernels against SDPA flash, linear Mamba-2 and fla-core.")
@@ -27,6 +30,8 @@ def main(argv=None) -> dict:
                         "relative to the directory the command runs in)")
     parser.add_argument("--accuracy", action="store_true", help="measure errors against float64 instead of speed")
     parser.add_argument("--variants", action="store_true", help="time our kernel under several launch configurations")
+    parser.add_argument("--configs", nargs="*", metavar="G,M,W,TW",
+                        help="--variants: launch configurations as head_group,block_levels,num_warps,tree_warps")
     parser.add_argument("--precision", action="store_true",
                         help="time and measure the errors of every rung of LaunchConfig.precision at each length")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -53,8 +58,8 @@ def main(argv=None) -> dict:
     elif args.variants:
         from ..kernels.config import LaunchConfig
 
-        configs = [LaunchConfig(head_group=g, block_levels=m, num_warps=w, tree_warps=tw)
-                   for g, m, w, tw in ((1, 4, 4, 4), (8, 4, 4, 4), (8, 4, 8, 4), (48, 4, 8, 4), (8, 3, 4, 8))]
+        chosen = [tuple(int(x) for x in c.split(",")) for c in args.configs] if args.configs else VARIANTS
+        configs = [LaunchConfig(head_group=g, block_levels=m, num_warps=w, tree_warps=tw) for g, m, w, tw in chosen]
         result["variants"] = variants(s, s.lengths, configs, device)
     else:
         names = [n for n in IMPLEMENTATIONS if n not in (GPU_ONLY if device.type == "cpu" else CPU_ONLY)]

@@ -30,7 +30,6 @@ nothing before it.
 
 from __future__ import annotations
 
-import math
 
 import torch
 

@@ -28,7 +28,7 @@ from .parts import GatedRMSNorm, LevelScales, ShortConvolution, inverse_softplus
 class GatedDeltaNet(nn.Module):
     """Gated DeltaNet layer (module docstring). x: ``[B, T, d_model]`` -> ``[B, T, d_model]``.
 
-    num_heads: H; head_dim: K (``d_model // num_heads`` when None); expand_v: ``V / K``; conv_size:
+    num_heads: H; key_dim: K (``d_model // num_heads`` when None); expand_v: ``V / K``; conv_size:
     short convolution width; backend/form/chunk_size: how the operator runs.
     """
 
@@ -37,7 +37,7 @@ class GatedDeltaNet(nn.Module):
         d_model: int,
         *,
         num_heads: int = 2,
-        head_dim: int | None = None,
+        key_dim: int | None = None,
         expand_v: int = 2,
         conv_size: int = 4,
         dt_range: tuple[float, float] = (1e-3, 1e-1),
@@ -49,7 +49,7 @@ class GatedDeltaNet(nn.Module):
         super().__init__()
         check_form(form, REFERENCE_FORMS)
         self.num_heads = num_heads
-        self.key_dim = d_model // num_heads if head_dim is None else head_dim
+        self.key_dim = d_model // num_heads if key_dim is None else key_dim
         self.value_dim = expand_v * self.key_dim
         self.backend, self.form, self.chunk_size = backend, form, chunk_size
         H, K, V = num_heads, self.key_dim, self.value_dim
@@ -77,6 +77,10 @@ class GatedDeltaNet(nn.Module):
         o = self.mixer(q, k, v, log_decay, beta, x)
         return self.o_proj(self.o_norm(o.flatten(2), self.gate_proj(x)))
 
+    def state_size(self) -> int:
+        """Entries of the recurrent state of one sequence: ``H · K · V`` (per Fenwick level when log-linear)."""
+        return self.num_heads * self.key_dim * self.value_dim
+
     def mixer(self, q, k, v, log_decay, beta, x) -> torch.Tensor:
         """``gated_deltanet_attention(q, k, v, log_decay, beta)`` on the chosen backend. q, k: ``[B, T, H, K]``;
         v: ``[B, T, H, V]``; log_decay, beta: ``[B, T, H]``; x: the layer input. Returns ``[B, T, H, V]``."""
@@ -93,11 +97,11 @@ class LogLinearGatedDeltaNet(GatedDeltaNet):
 
     def __init__(self, d_model: int, *, max_len: int = 2048, **kwargs) -> None:
         super().__init__(d_model, **kwargs)
-        self.levels = LevelScales(self.num_heads, max_len)
+        self.level_scales = LevelScales(self.num_heads, max_len)
         self.l_proj = nn.Linear(d_model, self.num_heads * num_levels(max_len), bias=False)
 
     def mixer(self, q, k, v, log_decay, beta, x) -> torch.Tensor:
         """``loglinear_attention(q, k, v, λ, log_decay, beta)`` with ``λ = softplus(L · l_proj(x))``."""
-        level_scales = self.levels(self.l_proj(x))
+        level_scales = self.level_scales(self.l_proj(x))
         form = "triton" if resolve_backend(self.backend, v, loglinear=True, beta=True) == "triton" else self.form
         return mix(q, k, v, log_decay, beta, level_scales, form=form, chunk_size=self.chunk_size)

@@ -27,7 +27,8 @@ from .parts import GatedRMSNorm, LevelScales, ShortConvolution, inverse_softplus
 class Mamba2(nn.Module):
     """Mamba-2 layer (module docstring). x: ``[B, T, d_model]`` -> ``[B, T, d_model]``.
 
-    d_state: N; head_dim: P; expand: inner width ``expand · d_model = H · P``; conv_size: short
+    d_state: N (the key width, ``key_dim``); head_dim: P (the value width, ``value_dim``); expand: inner width
+    ``expand · d_model = H · P``; conv_size: short
     convolution width; backend/form/chunk_size: how the operator runs (:func:`loglin_edu.ops.resolve_backend`, :func:`~loglin_edu.ops.mix`).
     """
 
@@ -52,6 +53,7 @@ class Mamba2(nn.Module):
         check_form(form, REFERENCE_FORMS)
         self.d_inner, self.d_state, self.head_dim = d_inner, d_state, head_dim
         self.num_heads = d_inner // head_dim
+        self.key_dim, self.value_dim = d_state, head_dim  # q = C and k = B have width N, v = x · dt width P
         self.backend, self.form, self.chunk_size = backend, form, chunk_size
         self.in_proj = nn.Linear(d_model, 2 * d_inner + 2 * d_state + self.num_heads + self.extra_outputs(), bias=False)
         self.conv = ShortConvolution(d_inner + 2 * d_state, conv_size)
@@ -60,6 +62,10 @@ class Mamba2(nn.Module):
         self.D = nn.Parameter(torch.ones(self.num_heads))
         self.norm = GatedRMSNorm(d_inner, norm_before_gate=False)
         self.out_proj = nn.Linear(d_inner, d_model, bias=False)
+
+    def state_size(self) -> int:
+        """Entries of the recurrent state of one sequence: ``H · K · V`` (per Fenwick level when log-linear)."""
+        return self.num_heads * self.key_dim * self.value_dim
 
     def extra_outputs(self) -> int:
         """Extra outputs of ``in_proj`` beyond Mamba-2's own (none here; λ's inputs in the log-linear layer)."""
@@ -95,7 +101,7 @@ class LogLinearMamba2(Mamba2):
     def __init__(self, d_model: int, *, max_len: int = 2048, **kwargs) -> None:
         self.max_len = max_len  # read by extra_outputs() while Mamba2.__init__ builds in_proj
         super().__init__(d_model, **kwargs)
-        self.levels = LevelScales(self.num_heads, max_len)
+        self.level_scales = LevelScales(self.num_heads, max_len)
 
     def extra_outputs(self) -> int:
         """``dl``: one input of λ per head and Fenwick level."""
@@ -103,6 +109,6 @@ class LogLinearMamba2(Mamba2):
 
     def mixer(self, q, k, v, log_decay, extra) -> torch.Tensor:
         """``loglinear_attention(q, k, v, λ, log_decay)`` with ``λ = softplus(L · dl)``, ``dl = extra``."""
-        level_scales = self.levels(extra)
+        level_scales = self.level_scales(extra)
         form = "triton" if resolve_backend(self.backend, v, loglinear=True, beta=False) == "triton" else self.form
         return mix(q, k, v, log_decay, None, level_scales, form=form, chunk_size=self.chunk_size)

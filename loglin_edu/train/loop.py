@@ -1,0 +1,222 @@
+"""The training loop of the recall experiments: an ensemble of small models, trained side by side.
+
+One step, for every member ``m`` with its own batch (same recall sets, its own random rows):
+
+    loss_m = mean cross-entropy over the batch's query positions        (only queries are supervised)
+    Σ_m loss_m  ->  backward;   clip ‖∇θ_m‖ <= grad_clip per member;   AdamW step with lr_m · schedule(step)
+
+Runs are seeded (initial weights from the member's seed; batch ``s`` of member ``m`` from ``(seed_m, s)``),
+show tqdm progress, evaluate every ``eval_every`` steps (one JSON line per member and evaluation in
+``log.jsonl``), and write checkpoints atomically (``checkpoint.pt``): a run started again resumes where
+the checkpoint left off, bit-exactly on the CPU. :func:`train` is these named steps: :func:`start_run`
+(build or resume), :func:`training_step`, :func:`evaluation` and :func:`Run.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from ..data.recall import RecallSet
+from ..layers.model import ModelConfig, build_model, count_parameters
+from .batches import batch_rows, gather_batch
+from .checkpoint import append_log, keep_log_until, load_checkpoint, save_atomic
+from .ensemble import Ensemble, Member
+from .evaluate import autocast, evaluate
+from .schedule import lr_factor, make_optimizer, set_learning_rates
+
+
+@dataclass
+class TrainConfig:
+    """steps: optimiser steps; batch_size: sequences per step and member, split evenly over the training
+    sets; warmup_steps: linear warm-up before the cosine decay; eval_every: steps between evaluations
+    (and at the end); checkpoint_every: steps between checkpoints (None: only at the end); amp: bf16
+    autocast on CUDA (the attention operators themselves always run in float32)."""
+
+    steps: int = 1000
+    batch_size: int = 64
+    warmup_steps: int = 50
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    eval_batch_size: int = 256
+    checkpoint_every: int | None = None
+    amp: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Run:
+    """The state of one training run: the ensemble, its optimiser, where it stands and where it writes."""
+
+    model_config: ModelConfig
+    members: list[Member]
+    ensemble: Ensemble
+    optimizer: torch.optim.Optimizer
+    out: Path | None
+    step: int = 0
+    seconds: float = 0.0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    loss_sum: torch.Tensor | None = None  # training loss per member since the last evaluation
+    loss_steps: int = 0
+
+    @property
+    def log_path(self) -> Path | None:
+        return None if self.out is None else self.out / "log.jsonl"
+
+    @property
+    def checkpoint_path(self) -> Path | None:
+        return None if self.out is None else self.out / "checkpoint.pt"
+
+    def checkpoint(self) -> None:
+        """Write the run's state atomically (nothing without an output folder)."""
+        if self.checkpoint_path is not None:
+            save_atomic(dict(step=self.step, seconds=self.seconds, model=self.model_config.to_dict(),
+                             members=[asdict(m) for m in self.members],
+                             models=[m.state_dict() for m in self.ensemble.members],
+                             optimizer=self.optimizer.state_dict(), loss_sum=self.loss_sum,
+                             loss_steps=self.loss_steps), self.checkpoint_path)
+
+
+def start_run(model_config: ModelConfig, members: list[Member], config: TrainConfig, out: Path | None,
+              device: torch.device) -> Run:
+    """A new run, or the one whose checkpoint is in ``out`` (a checkpoint of another run is refused)."""
+    ensemble = Ensemble([build_model(model_config, seed=m.seed) for m in members]).to(device)
+    optimizer = make_optimizer(list(ensemble.members), [m.lr for m in members], config.weight_decay, config.betas)
+    run = Run(model_config, members, ensemble, optimizer, out, loss_sum=torch.zeros(len(members), device=device))
+    state = load_checkpoint(run.checkpoint_path, device) if out is not None else None
+    if state is not None:
+        if state["model"] != model_config.to_dict() or state["members"] != [asdict(m) for m in members]:
+            raise ValueError(f"{run.checkpoint_path} belongs to another run (different model or members): "
+                             "remove it to start over")
+        for model, weights in zip(ensemble.members, state["models"]):
+            model.load_state_dict(weights)
+        optimizer.load_state_dict(state["optimizer"])
+        run.step, run.seconds = state["step"], state["seconds"]
+        run.loss_sum, run.loss_steps = state["loss_sum"], state["loss_steps"]
+        run.history = keep_log_until(run.log_path, run.step)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    return run
+
+
+def training_step(run: Run, train_sets: list[RecallSet], per_set: int, config: TrainConfig) -> torch.Tensor:
+    """One optimiser step of every member (module docstring); returns the members' losses ``[M]``."""
+    set_learning_rates(run.optimizer, lr_factor(run.step, config.warmup_steps, config.steps))
+    rows = [
+        torch.stack([batch_rows(m.seed, i, run.step, len(s), per_set) for m in run.members])  # [M, per_set]
+        for i, s in enumerate(train_sets)
+    ]
+    tokens, positions, answers = gather_batch(train_sets, rows)  # [M, B, T], [M, N], [M, N]
+    with autocast(tokens.device, config.amp):
+        logits = run.ensemble(tokens, positions)  # [M, N, V]
+    losses = F.cross_entropy(logits.float().flatten(0, 1), answers.flatten(), reduction="none")
+    losses = losses.view(len(run.members), -1).mean(1)
+    run.optimizer.zero_grad(set_to_none=True)
+    losses.sum().backward()
+    for model in run.ensemble.members:
+        nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip, foreach=True)
+    run.optimizer.step()
+    run.step += 1
+    run.loss_sum += losses.detach()
+    run.loss_steps += 1
+    return losses.detach()
+
+
+def evaluation(run: Run, test_sets: dict[str, RecallSet], config: TrainConfig, name: str) -> list[dict[str, Any]]:
+    """Evaluate every member at the current step, log one line per member and reset the running loss."""
+    results = evaluate(run.ensemble, test_sets, config.eval_batch_size, config.amp)
+    train_loss = (run.loss_sum / run.loss_steps).tolist()
+    lines = [
+        dict(run=name, member=i, seed=m.seed, lr=m.lr, step=run.step, train_loss=train_loss[i],
+             seconds=round(run.seconds, 3), **results[i])
+        for i, m in enumerate(run.members)
+    ]
+    run.history.extend(lines)
+    append_log(run.log_path, lines)
+    run.loss_sum.zero_()
+    run.loss_steps = 0
+    return lines
+
+
+def train(
+    model_config: ModelConfig,
+    members: list[Member],
+    train_sets: list[RecallSet],
+    test_sets: dict[str, RecallSet],
+    config: TrainConfig,
+    *,
+    out_dir: str | Path | None = None,
+    name: str = "run",
+    device: str | torch.device = "cpu",
+    progress: bool = True,
+    stop_at: int | None = None,
+    deadline: float | None = None,
+) -> dict[str, Any]:
+    """Train one ensemble (module docstring) and return its record.
+
+    model_config: the architecture every member shares; members: seeds and learning rates; train_sets:
+    the recall sets each batch draws from (``batch_size / len(train_sets)`` rows from each); test_sets:
+    name -> set, evaluated every ``eval_every`` steps; out_dir: where ``log.jsonl`` and ``checkpoint.pt``
+    go (None: nowhere, no resuming); stop_at: stop after this step as if interrupted (the checkpoint
+    then lets a later call finish the run); deadline: a ``time.time()`` after which the run stops at the end
+    of the step it is in, evaluates there and checkpoints (``complete`` False: a budget ran out). Returns
+    ``dict(name, model, parameters, members, config, history, final, seconds, complete, steps_done,
+    seconds_per_step)``; ``history`` holds the evaluation lines.
+    """
+    device = torch.device(device)
+    if config.batch_size % len(train_sets):
+        raise ValueError(f"batch_size={config.batch_size} must split evenly over {len(train_sets)} training sets")
+    per_set = config.batch_size // len(train_sets)
+    train_sets = [s.to(device) for s in train_sets]
+    test_sets = {n: s.to(device) for n, s in test_sets.items()}
+    run = start_run(model_config, members, config, Path(out_dir) if out_dir is not None else None, device)
+    start = run.step
+    end = config.steps if stop_at is None else min(config.steps, stop_at)
+    bar = tqdm(range(start, end), desc=name, disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    tick = time.perf_counter()
+    step_ends: list[float] = []  # wall-clock ends of the training steps since the last evaluation
+    seconds_per_step = None
+    for _ in bar:
+        training_step(run, train_sets, per_set, config)
+        step_ends = step_ends[-20:] + [time.perf_counter()]
+        out_of_time = deadline is not None and time.time() >= deadline and run.step < end
+        if run.step % config.eval_every == 0 or run.step == config.steps or out_of_time:
+            run.seconds += time.perf_counter() - tick
+            lines = evaluation(run, test_sets, config, name)
+            bar.set_postfix(loss=f"{min(x['train_loss'] for x in lines):.3f}",
+                            acc=f"{max(x['accuracy'] for x in lines):.3f}")
+            tick = time.perf_counter()
+            if len(step_ends) > 1:
+                seconds_per_step = (step_ends[-1] - step_ends[0]) / (len(step_ends) - 1)
+            step_ends = []
+        if config.checkpoint_every and run.step % config.checkpoint_every == 0 and run.step < end:
+            run.seconds += time.perf_counter() - tick
+            tick = time.perf_counter()
+            run.checkpoint()
+        if out_of_time:
+            end = run.step
+            break
+    run.seconds += time.perf_counter() - tick
+    if end > start:
+        run.checkpoint()
+    history = run.history
+    final = [line for line in history if line["step"] == history[-1]["step"]] if history else []
+    if len(step_ends) > 1:
+        seconds_per_step = (step_ends[-1] - step_ends[0]) / (len(step_ends) - 1)
+    return dict(
+        name=name, model=model_config.to_dict(), parameters=count_parameters(run.ensemble.members[0]),
+        members=[asdict(m) for m in members], config=config.to_dict(), history=history, final=final,
+        seconds=round(run.seconds, 3), complete=end == config.steps, steps_done=end, seconds_per_step=seconds_per_step,
+    )

@@ -1,0 +1,41 @@
+"""The optimiser and its schedule: AdamW with decay on matrices only, linear warm-up then cosine decay.
+
+    schedule(step) = (step + 1) / warmup                                 for step < warmup
+                   = ½ (1 + cos(π (step - warmup) / (steps - warmup)))   afterwards
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Sequence
+
+import torch
+from torch import nn
+
+
+def lr_factor(step: int, warmup: int, total: int) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to 0 at ``total`` (module docstring)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+
+
+def parameter_groups(model: nn.Module, lr: float, weight_decay: float) -> list[dict]:
+    """Two AdamW groups of one model: matrices (weight decay) and vectors (norm gains, biases, A, D, λ
+    weights: no decay). ``group["base_lr"]`` is the peak learning rate the schedule scales."""
+    params = list(model.parameters())
+    return [dict(params=[p for p in params if (p.dim() >= 2) == decay], weight_decay=weight_decay if decay else 0.0,
+                 lr=lr, base_lr=lr) for decay in (True, False)]
+
+
+def make_optimizer(models: Sequence[nn.Module], lrs: Iterable[float], weight_decay: float,
+                   betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.AdamW:
+    """AdamW over several models, each with its own peak learning rate (:func:`parameter_groups`)."""
+    groups = [g for model, lr in zip(models, lrs) for g in parameter_groups(model, lr, weight_decay)]
+    return torch.optim.AdamW(groups, betas=betas, foreach=True)
+
+
+def set_learning_rates(optimizer: torch.optim.Optimizer, factor: float) -> None:
+    """Every group's learning rate becomes its ``base_lr · factor``."""
+    for group in optimizer.param_groups:
+        group["lr"] = group["base_lr"] * factor
