@@ -207,6 +207,12 @@ def test_page_renders_offline(browser, path):
         text = main.inner_text()
         raw = re.findall(r"\\(?:frac|sum|operatorname|level|MH|MS|bigO|begin|mathcal)\b|\$\$", text)
         assert not raw, f"raw TeX on the page: {raw[:5]}"
+        prose = page.evaluate(
+            "() => { const m = document.querySelector('main').cloneNode(true);"
+            " m.querySelectorAll('pre, code, script, style, mjx-container').forEach(e => e.remove()); return m.innerText; }"
+        )
+        dollars = re.findall(r"\$[^$\s][^$\n]{0,40}\$", prose)
+        assert not dollars, f"math left as $...$ in the prose (a glued Markdown string?): {dollars[:5]}"
         broken = page.evaluate("[...document.images].filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src.slice(0, 100))")
         assert not broken, f"images that did not load: {broken}"
         if Path(path).stem in ids(PART_ONE):
