@@ -333,6 +333,16 @@ OVERFLOW = """() => {
     }
   }
   const page = document.documentElement.scrollWidth - window.innerWidth;
+  if (page > 0) {  // name what widens the page: elements past the window that no scroll box holds
+    for (const e of document.querySelectorAll("main *")) {
+      if (e.getBoundingClientRect().right <= window.innerWidth + 1) continue;
+      let held = false;
+      for (let a = e.parentElement; a && a !== document.body; a = a.parentElement) {
+        if (getComputedStyle(a).overflowX !== "visible") { held = true; break; }
+      }
+      if (!held) bad.push(`${e.tagName.toLowerCase()} in #${where(e)} reaches ${Math.round(e.getBoundingClientRect().right)} px`);
+    }
+  }
   const wide = [...document.querySelectorAll('mjx-container[display="true"]')]
     .filter(e => e.scrollWidth > e.clientWidth + 1).map(e => `equation in #${where(e)} scrolls`);
   return {bad, page, wide};
