@@ -18,7 +18,7 @@ test: setup
 	$(PY) -m pytest -q
 
 test-fast: setup
-	$(PY) -m pytest -q -x -m "not slow and not gpu"
+	$(PY) -m pytest -q -x -n 2 -m "not slow and not gpu"
 
 gpu-test: setup
 	$(PY) -m pytest -q -m gpu

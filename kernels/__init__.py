@@ -18,6 +18,10 @@ The ladder, one file per step, each checked against the step before and against 
 5. :mod:`~loglin_edu.kernels.step5_loglinear_mamba2` — the ``torch.autograd.Function`` behind
    ``loglinear_attention(..., form="triton")``, for any shapes and inside ``torch.func.vmap``.
 
+Decoding: :mod:`~loglin_edu.kernels.decode_step` — one token of log-linear Mamba-2 for a batch in one launch
+(the binary-counter carry, the decay, the write and the read of every Fenwick level), in place on a
+:class:`~loglin_edu.decoding.FenwickCache` buffer.
+
 Shared by the steps: :mod:`~loglin_edu.kernels.tiles` (the Triton helpers: tiles in and out, the decay and
 level patterns of a chunk), :mod:`~loglin_edu.kernels.inputs` (the decay's prefix sums, prepared on the
 host) and :mod:`~loglin_edu.kernels.config` (tile widths, the precision ladder, :class:`LaunchConfig`).

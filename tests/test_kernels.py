@@ -136,6 +136,7 @@ def test_16_bit_inputs_match_float64_of_the_same_rounded_inputs(precision):
     assert not bad, f"precision={precision}: {bad}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("node_type", ["fp32 nodes", "16-bit nodes"])
 def test_decay_gradient_does_not_grow_with_T_in_16_bit(node_type, monkeypatch):
     """``d log_decay`` is a reverse cumulative sum of terms whose total cancels; unless the backward

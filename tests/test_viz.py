@@ -205,3 +205,22 @@ def test_browser_explorers_reject_bad_settings():
         viz.browser.mask_explorer(chunk_size=3)
     with pytest.raises(ValueError, match="lambdas"):
         viz.browser.mask_explorer(lambdas=[1.0, 2.0])
+
+
+def test_decoding_buffer_holds_the_bucket_sizes_like_the_list_state():
+    buffer = viz.buffer_occupancy(40)
+    assert not buffer[0].any()
+    listed = viz.counter_occupancy(40)
+    assert np.array_equal(buffer[1:, : listed.shape[1]], listed)
+
+
+def test_decoding_figures_render():
+    import matplotlib.pyplot as plt
+
+    html = viz.to_html(viz.counter_animation(6)).data
+    assert html.count("data:image/png;base64") >= 1 and "http" not in html
+    rows = [dict(name=n, batch=1, context=T, step_ms=0.1 * T, state_bytes=T) for n in ("a", "b") for T in (4, 8)]
+    rows.append(dict(name="c", batch=1, context=8, skipped="too big"))
+    ax = viz.draw_decode_results({"rows": rows}, "step_ms", batch=1)
+    assert len(ax.get_lines()) == 3
+    plt.close("all")

@@ -5,6 +5,7 @@
     python -m loglin_edu.bench --accuracy          # errors of every output and gradient against float64
     python -m loglin_edu.bench --variants          # our kernel under several launch configurations
     python -m loglin_edu.bench --precision         # time and errors of every rung of the precision ladder
+    python -m loglin_edu.bench --decode            # one decoding step against a KV cache and Mamba-2's step
 
 Each implementation runs in one process on the same inputs; times are medians
 (:func:`~loglin_edu.timing.median_ms`: ``triton.testing.do_bench`` on a GPU), memory is the peak allocated
@@ -14,5 +15,6 @@ during one forward+backward above what the inputs hold. The modules, by job:
 - :mod:`~loglin_edu.bench.implementations` — what is measured, side by side;
 - :mod:`~loglin_edu.bench.measure` — timing and memory; :mod:`~loglin_edu.bench.accuracy` — errors;
 - :mod:`~loglin_edu.bench.report` — table and plot; :mod:`~loglin_edu.bench.diagnose` — a GPU failure, stage by stage;
+- :mod:`~loglin_edu.bench.profile` — device time of every kernel launch; :mod:`~loglin_edu.bench.decode` — decoding;
 - :mod:`~loglin_edu.bench.__main__` — the command line.
 """

@@ -22,6 +22,11 @@ VARIANTS = ((1, 4, 4, 4), (8, 4, 4, 4), (8, 4, 8, 4), (48, 4, 8, 4), (8, 3, 4, 8
 
 
 def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--decode" in argv:  # the decoding benchmark has its own options (python -m loglin_edu.bench --decode --help)
+        from .decode import main as decode_main
+
+        return decode_main([a for a in argv if a != "--decode"])
     parser = argparse.ArgumentParser(prog="python -m loglin_edu.bench", description="How fast is it: the log-linear kernels against SDPA flash, linear Mamba-2 and fla-core.")
     parser.add_argument("--tier", choices=("gpu", "cpu"), default="gpu" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--lengths", type=int, nargs="*", help="sequence lengths (default: the tier's)")
@@ -35,6 +40,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--precision", action="store_true",
                         help="time and measure the errors of every rung of LaunchConfig.precision at each length")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--decode", action="store_true",
+                        help="the decoding benchmark instead (its own options: --decode --help)")
     args = parser.parse_args(argv)
 
     s = GPU if args.tier == "gpu" else CPU
@@ -43,7 +50,7 @@ def main(argv=None) -> dict:
     device = torch.device("cuda" if args.tier == "gpu" else "cpu")
     if device.type == "cpu" and "triton" not in sys.modules:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # this program's own process: the interpreter on a CPU
-    result = provenance("python -m loglin_edu.bench " + " ".join(sys.argv[1:] if argv is None else argv), device)
+    result = provenance("python -m loglin_edu.bench " + " ".join(argv), device)
     result["setting"] = asdict(s)
     mode = "accuracy" if args.accuracy else "precision_ladder" if args.precision else "variants" if args.variants else None
     out = args.out or DEFAULT_RESULTS / f"kernels_{mode + '_' if mode else ''}{device_slug(device)}.json"

@@ -14,12 +14,17 @@ from __future__ import annotations
 import inspect
 from typing import Callable
 
-from . import ch01_softmax, ch02_linear, ch03_gated, ch04_fenwick, ch05_hmatrix, ch06_loglinear, ch07_chunk_scan
+from . import (
+    ch01_softmax, ch02_linear, ch03_gated, ch04_fenwick, ch05_hmatrix, ch06_loglinear, ch07_chunk_scan, ch12_decoding,
+)
 from .checking import Exercise, Report, run
 
 EXERCISES: dict[str, Exercise] = {
     ex.name: ex
-    for module in (ch01_softmax, ch02_linear, ch03_gated, ch04_fenwick, ch05_hmatrix, ch06_loglinear, ch07_chunk_scan)
+    for module in (
+        ch01_softmax, ch02_linear, ch03_gated, ch04_fenwick, ch05_hmatrix, ch06_loglinear, ch07_chunk_scan,
+        ch12_decoding,
+    )
     for ex in module.EXERCISES
 }
 

@@ -7,7 +7,7 @@ for a live notebook; ``measure``: counted FLOPs and robust times; ``notation``: 
 """
 
 from . import browser
-from .animate import level_animation, query_animation, stage_animation, to_html
+from .animate import buffer_occupancy, counter_animation, level_animation, query_animation, stage_animation, to_html
 from .explore import bucket_explorer, mask_explorer
 from .figures import (
     Block,
@@ -15,6 +15,7 @@ from .figures import (
     draw_binary_counter,
     draw_blocks,
     draw_buckets,
+    draw_decode_results,
     draw_levels,
     draw_matrix,
     draw_series,
@@ -32,11 +33,14 @@ __all__ = [
     "best_median_seconds",
     "browser",
     "bucket_explorer",
+    "buffer_occupancy",
+    "counter_animation",
     "counter_occupancy",
     "define_macros",
     "draw_binary_counter",
     "draw_blocks",
     "draw_buckets",
+    "draw_decode_results",
     "draw_levels",
     "draw_matrix",
     "draw_series",
