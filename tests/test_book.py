@@ -1,6 +1,7 @@
 """The book: every chapter executes (nbmake), the book builds with -W, and a headless Chromium reads every page.
 
-Chapters are found by glob (``book/NN_*.ipynb``), so chapters added later are tested too. Each executed chapter
+Chapters are found by glob (``book/NN_*.ipynb`` and the appendices ``book/appendix_*.ipynb``), so chapters
+added later are tested too. Each executed chapter
 is stored in the book's jupyter-cache, so the build that follows reuses it instead of executing it again.
 The browser test needs Debian's ``chromium`` (``apt-get install chromium``) and the npm assets of
 ``make book-assets``; it never downloads a browser.
@@ -22,8 +23,8 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = sorted((ROOT / "book").glob("[0-9][0-9]_*.ipynb"))
-PART_ONE = [c for c in CHAPTERS if int(c.name[:2]) <= 7]
+CHAPTERS = sorted((ROOT / "book").glob("[0-9][0-9]_*.ipynb")) + sorted((ROOT / "book").glob("appendix_*.ipynb"))
+PART_ONE = [c for c in CHAPTERS if c.name[:2].isdigit() and int(c.name[:2]) <= 7]
 CACHE = ROOT / "_build" / ".jupyter_cache"
 HTML = ROOT / "_build" / "html"
 CHROMIUM = "/usr/bin/chromium"

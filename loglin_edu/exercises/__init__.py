@@ -15,7 +15,8 @@ import inspect
 from typing import Callable
 
 from . import (
-    ch01_softmax, ch02_linear, ch03_gated, ch04_fenwick, ch05_hmatrix, ch06_loglinear, ch07_chunk_scan, ch12_decoding,
+    ch01_softmax, ch02_linear, ch03_gated, ch04_fenwick, ch05_hmatrix, ch06_loglinear, ch07_chunk_scan,
+    ch08_kernel_puzzles, ch09_cost, ch10_layers, ch12_decoding,
 )
 from .checking import Exercise, Report, run
 
@@ -23,7 +24,7 @@ EXERCISES: dict[str, Exercise] = {
     ex.name: ex
     for module in (
         ch01_softmax, ch02_linear, ch03_gated, ch04_fenwick, ch05_hmatrix, ch06_loglinear, ch07_chunk_scan,
-        ch12_decoding,
+        ch08_kernel_puzzles, ch09_cost, ch10_layers, ch12_decoding,
     )
     for ex in module.EXERCISES
 }
@@ -54,10 +55,11 @@ def show(name: str):
 
 
 def show_solution(name: str):
-    """The reference solution's source code, followed by its own check."""
+    """The reference solution's source code (a kernel puzzle's: its ``source``), followed by its own check."""
     ex = get(name)
     report = check(name, ex.solution)
-    return _markdown(f"```python\n{inspect.getsource(ex.solution)}```\n\n{report}")
+    source = getattr(ex.solution, "source", None) or inspect.getsource(ex.solution)
+    return _markdown(f"```python\n{source}```\n\n{report}")
 
 
 __all__ = ["EXERCISES", "Exercise", "Report", "check", "get", "show", "show_solution"]

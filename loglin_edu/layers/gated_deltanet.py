@@ -10,7 +10,9 @@
 
 Log-linear Gated DeltaNet adds a bias-free ``l_proj`` giving ``dl`` (``H · L`` values) and reads the
 Fenwick levels with ``λ = softplus(L_{h,ℓ} · dl)``: ``o = loglinear_attention(q, k, v, λ, g, β)``.
-The 1/√K is applied to q here (the authors fold it into λ instead; the function is the same).
+Here q is scaled by 1/√K, as in Gated DeltaNet. The authors' code divides λ by the same 1/√K that their kernel
+then multiplies into q: the two cancel, and their operator applies no scale at all. So this layer's o is 1/√K
+times theirs, a factor the per-head RMSNorm that follows removes except through its ε.
 
 Decoding (:mod:`loglin_edu.layers.cache`): each short convolution keeps its last ``w - 1`` inputs; Gated
 DeltaNet keeps one state ``[B, H, K, V]``, the log-linear layer a :class:`~loglin_edu.decoding.FenwickCache`.
