@@ -34,7 +34,7 @@ def test_wheel_ships_the_browser_explorers_javascript(tmp_path):
     for name in ("pyproject.toml", "README.md"):
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, source / name)
-    for package in ("loglin_edu", "kernels"):
+    for package in ("loglin_edu", "kernels", "book/results"):
         shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path),
