@@ -24,7 +24,19 @@ from typing import Iterable, Sequence
 EOS = "<|endoftext|>"
 
 
-class ByteTokenizer:
+class SavedTokenizer:
+    """What both tokenizers derive from their ``to_str()`` (everything that decides the ids): the fingerprint
+    and the file ``save`` writes."""
+
+    @property
+    def fingerprint(self) -> str:
+        return hashlib.sha256(self.to_str().encode()).hexdigest()[:16]
+
+    def save(self, path: str | Path) -> None:
+        write_text_atomic(Path(path), self.to_str())
+
+
+class ByteTokenizer(SavedTokenizer):
     """UTF-8 bytes as tokens, ``vocab_size = 256``, ``eos_id = 0`` (module docstring)."""
 
     kind = "bytes"
@@ -43,18 +55,11 @@ class ByteTokenizer:
     def to_str(self) -> str:
         return json.dumps({"loglin_edu_tokenizer": "bytes", "vocab_size": 256})
 
-    @property
-    def fingerprint(self) -> str:
-        return hashlib.sha256(self.to_str().encode()).hexdigest()[:16]
-
-    def save(self, path: str | Path) -> None:
-        write_text_atomic(Path(path), self.to_str())
-
     def __repr__(self) -> str:
         return f"ByteTokenizer(vocab_size=256, fingerprint={self.fingerprint})"
 
 
-class BPETokenizer:
+class BPETokenizer(SavedTokenizer):
     """A trained Hugging Face byte-level BPE (module docstring). tokenizer: a ``tokenizers.Tokenizer``."""
 
     kind = "bpe"
@@ -78,13 +83,6 @@ class BPETokenizer:
 
     def to_str(self) -> str:
         return self.tokenizer.to_str()
-
-    @property
-    def fingerprint(self) -> str:
-        return hashlib.sha256(self.to_str().encode()).hexdigest()[:16]
-
-    def save(self, path: str | Path) -> None:
-        write_text_atomic(Path(path), self.to_str())
 
     def __repr__(self) -> str:
         return f"BPETokenizer(vocab_size={self.vocab_size}, fingerprint={self.fingerprint})"
