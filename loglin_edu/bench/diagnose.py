@@ -28,6 +28,18 @@ CASES = [  # dtype, shared q/k, B, T, H, K, V, head group
 ]
 
 
+def stage(name: str, fn):
+    """``fn()``, then (on a GPU) a synchronisation before ``name: ok`` is printed: the last stage printed names
+    the kernel that failed."""
+    import torch
+
+    out = fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    print(f"  {name}: ok", flush=True)
+    return out
+
+
 def run_case(dtype: str, shared: int, B: int, T: int, H: int, K: int, V: int, group: int) -> list[float]:
     """Run one case stage by stage (printing each stage as it completes); returns the relative errors of
     o, dq, dk, dv, dλ against the float64 chunkwise form."""
@@ -45,13 +57,6 @@ def run_case(dtype: str, shared: int, B: int, T: int, H: int, K: int, V: int, gr
     gen = torch.Generator().manual_seed(0)
     q, k, v, lam, g = (x.to(device, dt) for x in accuracy_inputs((B, T, H, 1 if shared else H, K, V), gen))
     config = LaunchConfig(head_group=group)
-
-    def stage(name, fn):
-        out = fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        print(f"  {name}: ok", flush=True)
-        return out
 
     gc, gend = stage("chunk_decay", lambda: chunk_decay(g, B, T, H, 64, q.device, dt))
     stage("build_tree", lambda: build_tree(k, v, gc, gend, 64, config))
@@ -91,13 +96,6 @@ def run_delta_case(dtype: str, shared: int, B: int, T: int, H: int, K: int, V: i
     dt = getattr(torch, dtype)
     gen = torch.Generator().manual_seed(0)
     q, k, v, lam, g, beta = (x.to(device, dt) for x in delta_accuracy_inputs((B, T, H, 1 if shared else H, K, V), gen))
-
-    def stage(name, fn):
-        out = fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        print(f"  {name}: ok", flush=True)
-        return out
 
     chunks = stage("step 6: delta_chunks", lambda: delta_chunks(q, k, v, beta, g, 64))
     stage("step 7: level_states", lambda: level_states(k, chunks, T, V, 64))
