@@ -113,6 +113,38 @@ def on_device(*xs: torch.Tensor) -> list[torch.Tensor]:
     return [x.to(device=device(), dtype=torch.float32).contiguous() for x in xs]
 
 
+def launched(fn, grid: tuple, inputs: tuple, out: torch.Tensor, out_name: str, *scalars, **constants) -> torch.Tensor:
+    """``fn[grid](*inputs, out, *scalars, **constants)`` with the input tensors on the puzzles' device, then what it
+    stored into ``out`` (:func:`stored`; ``out_name`` is the kernel's argument, for the message)."""
+    launch(fn, grid, *on_device(*inputs), out, *scalars, **constants)
+    return stored(out, out_name)
+
+
+def generator(rng) -> torch.Generator:
+    """A torch generator seeded from the checker's ``random.Random``: one per case."""
+    return torch.Generator().manual_seed(rng.randrange(2**31))
+
+
+def puzzle(name: str, signature: str, task: str, cases, driver, reference, mistakes: tuple[tuple[str, str], ...],
+           rtol: float = RTOL, atol: float = ATOL) -> Exercise:
+    """Chapter 8's exercise ``kernels.<name>``: its solution is the kernel ``<name>_kernel`` of
+    :mod:`.ch08_kernel_solutions`, and ``mistakes`` pairs the names of its typical wrong kernels there with
+    their hints."""
+    return Exercise(
+        name=f"kernels.{name}",
+        chapter=8,
+        signature=signature,
+        task=task,
+        solution=LazyKernel(f"{name}_kernel"),
+        cases=cases,
+        driver=driver,
+        reference=reference,
+        mistakes=tuple((LazyKernel(kernel), hint) for kernel, hint in mistakes),
+        rtol=rtol,
+        atol=atol,
+    )
+
+
 def cumulative_decay(gen: torch.Generator, n: int, scale: float = 0.3) -> torch.Tensor:
     """``Σ_{r <= t} g_r`` for ``n`` log decays ``g`` in ``(-scale, 0]``, float64."""
     return (-scale * torch.rand(n, generator=gen, dtype=torch.float64)).cumsum(0)
@@ -148,35 +180,31 @@ def power_of_two_above(n: int) -> int:
 
 def _decay_cases(rng):
     for C in (4, 16, 32):
-        gen = torch.Generator().manual_seed(rng.randrange(2**31))
+        gen = generator(rng)
         yield Case((cumulative_decay(gen, C),), f"C={C}")
 
 
 def _decay_driver(fn, gc):
     C = gc.shape[0]
-    out = output(C, C)
-    launch(fn, (1,), *on_device(gc), out, C=C)
-    return stored(out, "out_ptr")
+    return launched(fn, (1,), (gc,), output(C, C), "out_ptr", C=C)
 
 
-DECAY_MATRIX = Exercise(
-    name="kernels.decay_matrix",
-    chapter=8,
+DECAY_MATRIX = puzzle(
+    "decay_matrix",
     signature="decay_matrix_kernel(gc_ptr, out_ptr, C: tl.constexpr)",
     task="One program. `gc_ptr` points to `C` floats, the chunk's cumulative log decay `gc[i] = g_0 + ... + g_i`. "
          "Store into `out_ptr` (a `[C, C]` row-major matrix) the chunk's block of the decay mask: "
          "`out[i, j] = exp(gc[i] - gc[j])` for `j <= i` and 0 above the diagonal.",
-    solution=LazyKernel("decay_matrix_kernel"),
     cases=_decay_cases,
     driver=_decay_driver,
     reference=decay_matrix,
     mistakes=(
-        (LazyKernel("decay_matrix_transposed"), "row i is the query: the decay from key j to query i is "
-                                                "exp(gc[i] - gc[j]), which is <= 1 below the diagonal."),
-        (LazyKernel("decay_matrix_unmasked"), "keys after the query must not count: zero the entries above the "
-                                              "diagonal with tl.where(i[:, None] >= i[None, :], ..., 0.0)."),
-        (LazyKernel("decay_matrix_strict"), "the diagonal is the query's own key, decayed by nothing: "
-                                            "out[i, i] = 1, so the mask is j <= i, not j < i."),
+        ("decay_matrix_transposed", "row i is the query: the decay from key j to query i is "
+                                    "exp(gc[i] - gc[j]), which is <= 1 below the diagonal."),
+        ("decay_matrix_unmasked", "keys after the query must not count: zero the entries above the "
+                                  "diagonal with tl.where(i[:, None] >= i[None, :], ..., 0.0)."),
+        ("decay_matrix_strict", "the diagonal is the query's own key, decayed by nothing: "
+                                "out[i, i] = 1, so the mask is j <= i, not j < i."),
     ),
     rtol=1e-6,
     atol=1e-7,
@@ -192,30 +220,26 @@ def _level_cases(rng):
 
 
 def _level_driver(fn, C):
-    out = output(C, C, dtype=torch.int32)
-    launch(fn, (1,), out, C=C, C_LOG=C.bit_length() - 1)
-    return stored(out, "out_ptr")
+    return launched(fn, (1,), (), output(C, C, dtype=torch.int32), "out_ptr", C=C, C_LOG=C.bit_length() - 1)
 
 
-LEVEL_MATRIX = Exercise(
-    name="kernels.level_matrix",
-    chapter=8,
+LEVEL_MATRIX = puzzle(
+    "level_matrix",
     signature="level_matrix_kernel(out_ptr, C: tl.constexpr, C_LOG: tl.constexpr)",
     task="One program, `C = 2**C_LOG`. Store into `out_ptr` (a `[C, C]` row-major int32 matrix) the Fenwick level "
          "of every pair of in-chunk offsets, `out[i, j] = bit_length(i XOR j)` (both triangles; 0 on the "
          "diagonal). Triton has no bit_length: count, for each bit, whether `x >> bit` is still non-zero "
          "(`tl.static_range(C_LOG)` unrolls that loop).",
-    solution=LazyKernel("level_matrix_kernel"),
     cases=_level_cases,
     driver=_level_driver,
     reference=levels,
     mistakes=(
-        (LazyKernel("level_matrix_distance"), "use i XOR j, not the distance |i - j|: buckets are aligned to "
-                                              "powers of two, so offsets at the same distance can be at different levels."),
-        (LazyKernel("level_matrix_zero_based"), "bit_length counts every bit up to the highest set one: "
-                                                "bit_length(1) = 1, so start the count at bit 0."),
-        (LazyKernel("level_matrix_popcount"), "count the bits up to the highest one that differs "
-                                              "((x >> bit) > 0), not the bits that differ ((x >> bit) & 1)."),
+        ("level_matrix_distance", "use i XOR j, not the distance |i - j|: buckets are aligned to "
+                                  "powers of two, so offsets at the same distance can be at different levels."),
+        ("level_matrix_zero_based", "bit_length counts every bit up to the highest set one: "
+                                    "bit_length(1) = 1, so start the count at bit 0."),
+        ("level_matrix_popcount", "count the bits up to the highest one that differs "
+                                  "((x >> bit) > 0), not the bits that differ ((x >> bit) & 1)."),
     ),
 )
 
@@ -225,7 +249,7 @@ LEVEL_MATRIX = Exercise(
 
 def _intra_cases(rng):
     for C, K, V in ((16, 16, 32), (32, 32, 16)):
-        gen = torch.Generator().manual_seed(rng.randrange(2**31))
+        gen = generator(rng)
         L = power_of_two_above(C.bit_length())
         yield Case((randn(gen, C, K), randn(gen, C, K), randn(gen, C, V), cumulative_decay(gen, C),
                     0.5 + torch.rand(C, L, generator=gen, dtype=torch.float64)), f"C={C}, K={K}, V={V}, L={L}")
@@ -233,18 +257,15 @@ def _intra_cases(rng):
 
 def _intra_driver(fn, q, k, v, gc, lam):
     (C, K), V, L = q.shape, v.shape[1], lam.shape[1]
-    out = output(C, V)
-    launch(fn, (1,), *on_device(q, k, v, gc, lam), out, C=C, C_LOG=C.bit_length() - 1, K=K, V=V, L=L)
-    return stored(out, "o_ptr")
+    return launched(fn, (1,), (q, k, v, gc, lam), output(C, V), "o_ptr", C=C, C_LOG=C.bit_length() - 1, K=K, V=V, L=L)
 
 
 def _intra_reference(q, k, v, gc, lam):
     return ((q @ k.T) * decay_matrix(gc) * level_scale_matrix(lam)) @ v
 
 
-INTRA_CHUNK = Exercise(
-    name="kernels.intra_chunk",
-    chapter=8,
+INTRA_CHUNK = puzzle(
+    "intra_chunk",
     signature="intra_chunk_kernel(q_ptr, k_ptr, v_ptr, gc_ptr, lam_ptr, o_ptr, C: tl.constexpr, "
               "C_LOG: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr)",
     task="One program, one chunk of `C = 2**C_LOG` tokens: q, k `[C, K]`, v `[C, V]`, the cumulative log decay "
@@ -253,20 +274,17 @@ INTRA_CHUNK = Exercise(
          "`Λ[i, j] = lam[i, level(i, j)]` — the query's weight of the pair's level (puzzle 2). Two `tl.dot`s; "
          "the package's `tiles.decay_matrix`, `tiles.fenwick_levels` and `tiles.level_scale_matrix` are "
          "@triton.jit helpers you may call.",
-    solution=LazyKernel("intra_chunk_kernel"),
     cases=_intra_cases,
     driver=_intra_driver,
     reference=_intra_reference,
     mistakes=(
-        (LazyKernel("intra_chunk_key_scales"), "λ belongs to the query: Λ[i, j] = lam[i, level(i, j)] reads row i "
-                                               "(the query's row), not row j."),
-        (LazyKernel("intra_chunk_without_levels"), "that is Mamba-2's chunk (λ ≡ 1): multiply the scores by Λ as "
-                                                   "well as by the decay E."),
-        (LazyKernel("intra_chunk_without_decay"), "the pairs decay too: multiply the scores by E = exp(gc_i - gc_j) "
-                                                  "as well as by Λ."),
+        ("intra_chunk_key_scales", "λ belongs to the query: Λ[i, j] = lam[i, level(i, j)] reads row i "
+                                   "(the query's row), not row j."),
+        ("intra_chunk_without_levels", "that is Mamba-2's chunk (λ ≡ 1): multiply the scores by Λ as "
+                                       "well as by the decay E."),
+        ("intra_chunk_without_decay", "the pairs decay too: multiply the scores by E = exp(gc_i - gc_j) "
+                                      "as well as by Λ."),
     ),
-    rtol=RTOL,
-    atol=ATOL,
 )
 
 
@@ -275,42 +293,36 @@ INTRA_CHUNK = Exercise(
 
 def _leaf_cases(rng):
     for C, K, V in ((16, 16, 32), (32, 32, 16)):
-        gen = torch.Generator().manual_seed(rng.randrange(2**31))
+        gen = generator(rng)
         yield Case((randn(gen, C, K), randn(gen, C, V), cumulative_decay(gen, C)), f"C={C}, K={K}, V={V}")
 
 
 def _leaf_driver(fn, k, v, gc):
     (C, K), V = k.shape, v.shape[1]
-    out = output(K, V)
-    launch(fn, (1,), *on_device(k, v, gc), out, C=C, K=K, V=V)
-    return stored(out, "s_ptr")
+    return launched(fn, (1,), (k, v, gc), output(K, V), "s_ptr", C=C, K=K, V=V)
 
 
 def _leaf_reference(k, v, gc):
     return (k * (gc[-1] - gc).exp()[:, None]).T @ v
 
 
-LEAF_STATE = Exercise(
-    name="kernels.leaf_state",
-    chapter=8,
+LEAF_STATE = puzzle(
+    "leaf_state",
     signature="leaf_state_kernel(k_ptr, v_ptr, gc_ptr, s_ptr, C: tl.constexpr, K: tl.constexpr, V: tl.constexpr)",
     task="One program, one chunk: k `[C, K]`, v `[C, V]`, gc `[C]`. Store into `s_ptr` (`[K, V]`, row-major) the "
          "chunk's state decayed to its last token, `S = Σ_j exp(gc[C-1] - gc[j]) k_j v_jᵀ = K̃ᵀ V` with "
          "`K̃ = diag(exp(gc[C-1] - gc)) K` — the leaf of the tree.",
-    solution=LazyKernel("leaf_state_kernel"),
     cases=_leaf_cases,
     driver=_leaf_driver,
     reference=_leaf_reference,
     mistakes=(
-        (LazyKernel("leaf_state_from_start"), "decay each key to the chunk's *end*: the factor is "
-                                              "exp(gc[C-1] - gc[j]), not exp(gc[j])."),
-        (LazyKernel("leaf_state_undecayed"), "a key decays from its own token to the chunk's last one: scale row j "
-                                             "of K by exp(gc[C-1] - gc[j]) before the product."),
-        (LazyKernel("leaf_state_sign"), "gc decreases along the chunk, so the decay to the end is "
-                                        "exp(gc[C-1] - gc[j]) <= 1, not its inverse."),
+        ("leaf_state_from_start", "decay each key to the chunk's *end*: the factor is "
+                                  "exp(gc[C-1] - gc[j]), not exp(gc[j])."),
+        ("leaf_state_undecayed", "a key decays from its own token to the chunk's last one: scale row j "
+                                 "of K by exp(gc[C-1] - gc[j]) before the product."),
+        ("leaf_state_sign", "gc decreases along the chunk, so the decay to the end is "
+                            "exp(gc[C-1] - gc[j]) <= 1, not its inverse."),
     ),
-    rtol=RTOL,
-    atol=ATOL,
 )
 
 
@@ -319,15 +331,14 @@ LEAF_STATE = Exercise(
 
 def _slots_cases(rng):
     for N in (1, 6, 8, 13):
-        gen = torch.Generator().manual_seed(rng.randrange(2**31))
+        gen = generator(rng)
         yield Case((randn(gen, N, 16, 16), cumulative_decay(gen, N, scale=2.0)), f"N={N}, K=16, V=16")
 
 
 def _slots_driver(fn, leaves, gend):
     N, K, V = leaves.shape
-    out = output(N, K, V)
-    launch(fn, (1,), *on_device(leaves, gend), out, N, K=K, V=V, BITS=max(N.bit_length(), 1))
-    return stored(out, "node_ptr")
+    return launched(fn, (1,), (leaves, gend), output(N, K, V), "node_ptr", N,
+                    K=K, V=V, BITS=max(N.bit_length(), 1))
 
 
 def _slots_reference(leaves, gend):
@@ -338,9 +349,8 @@ def _slots_reference(leaves, gend):
     return nodes
 
 
-TREE_SLOTS = Exercise(
-    name="kernels.tree_slots",
-    chapter=8,
+TREE_SLOTS = puzzle(
+    "tree_slots",
     signature="tree_slots_kernel(leaf_ptr, gend_ptr, node_ptr, N, K: tl.constexpr, V: tl.constexpr, BITS: tl.constexpr)",
     task="One program. leaf `[N, K, V]` holds each chunk's leaf state (puzzle 4) and gend `[N]` the cumulative "
          "log decay `G` at each chunk's last token. Store into slot `e` of node `[N, K, V]` the Fenwick node "
@@ -349,20 +359,17 @@ TREE_SLOTS = Exercise(
          "`c` starts from its leaf and merges with the left sibling of every height it completes "
          "(`parent = exp(G_c - G_e') · left + right`, `e'` the left sibling's slot, stored a moment earlier). "
          "`tiles.trailing_ones(c, BITS)` counts the merges; `BITS >= bit_length(N)`.",
-    solution=LazyKernel("tree_slots_kernel"),
     cases=_slots_cases,
     driver=_slots_driver,
     reference=_slots_reference,
     mistakes=(
-        (LazyKernel("tree_slots_undecayed"), "the left sibling ends earlier: decay it to the parent's end, "
-                                             "exp(G_c - G_e') · left, before adding the right part."),
-        (LazyKernel("tree_slots_right_decayed"), "the right part already ends at the parent's end; it is the left "
-                                                 "sibling that needs the decay exp(G_c - G_e')."),
-        (LazyKernel("tree_slots_one_merge_short"), "chunk c completes one merge per trailing one bit of c "
-                                                   "(= trailing zeros of c + 1): loop over all of them."),
+        ("tree_slots_undecayed", "the left sibling ends earlier: decay it to the parent's end, "
+                                 "exp(G_c - G_e') · left, before adding the right part."),
+        ("tree_slots_right_decayed", "the right part already ends at the parent's end; it is the left "
+                                     "sibling that needs the decay exp(G_c - G_e')."),
+        ("tree_slots_one_merge_short", "chunk c completes one merge per trailing one bit of c "
+                                       "(= trailing zeros of c + 1): loop over all of them."),
     ),
-    rtol=RTOL,
-    atol=ATOL,
 )
 
 
@@ -371,7 +378,7 @@ TREE_SLOTS = Exercise(
 
 def _reads_cases(rng):
     for N in (4, 7):
-        gen = torch.Generator().manual_seed(rng.randrange(2**31))
+        gen = generator(rng)
         C, K, V = 16, 16, 32
         C_LOG, LEVELS = C.bit_length() - 1, (N - 1).bit_length()
         L = power_of_two_above(C_LOG + LEVELS + 1)
@@ -388,9 +395,8 @@ def _reads_constants(q, lam, node):
 
 
 def _reads_driver(fn, q, lam, gc, gend, node):
-    out = output(q.shape[0], node.shape[2])
-    launch(fn, (node.shape[0],), *on_device(q, lam, gc, gend, node), out, **_reads_constants(q, lam, node))
-    return stored(out, "o_ptr")
+    return launched(fn, (node.shape[0],), (q, lam, gc, gend, node), output(q.shape[0], node.shape[2]), "o_ptr",
+                    **_reads_constants(q, lam, node))
 
 
 def level_reads_reference(q, lam, gc, gend, node):
@@ -411,9 +417,8 @@ def level_reads_reference(q, lam, gc, gend, node):
     return out
 
 
-LEVEL_READS = Exercise(
-    name="kernels.level_reads",
-    chapter=8,
+LEVEL_READS = puzzle(
+    "level_reads",
     signature="level_reads_kernel(q_ptr, lam_ptr, gc_ptr, gend_ptr, node_ptr, o_ptr, C: tl.constexpr, "
               "C_LOG: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr, LEVELS: tl.constexpr)",
     task="Grid `(N,)`: program `c = tl.program_id(0)` handles chunk `c` of a sequence of `N` chunks of `C` tokens. "
@@ -422,20 +427,17 @@ LEVEL_READS = Exercise(
          "(`[N·C, V]`) the chunk's inter-chunk output: for every chunk level `ℓ = 1 .. LEVELS` whose bit `ℓ - 1` "
          "of `c` is set, read the slot `e` ending the left half of `c`'s aligned `2^ℓ`-chunk block and add "
          "`diag(lam[:, C_LOG + ℓ] · exp(gc + G_{start-1} - G_e)) Q node[e]`, where `G_{start-1} = gend[c - 1]`.",
-    solution=LazyKernel("level_reads_kernel"),
     cases=_reads_cases,
     driver=_reads_driver,
     reference=level_reads_reference,
     mistakes=(
-        (LazyKernel("level_reads_next_slot"), "a node lives in the slot of its *last* chunk: the left half of c's "
-                                              "aligned 2^ℓ block ends at ((c >> ℓ) << ℓ) + 2^(ℓ-1) - 1."),
-        (LazyKernel("level_reads_chunk_level_column"), "lam has one column per token level: chunk level ℓ is token "
-                                                       "level C_LOG + ℓ (the levels 0 .. C_LOG are inside the chunk)."),
-        (LazyKernel("level_reads_no_node_decay"), "the node is decayed to its own end G_e; carry it to the token "
-                                                  "with exp(gc + G_{start-1} - G_e), not only exp(gc)."),
+        ("level_reads_next_slot", "a node lives in the slot of its *last* chunk: the left half of c's "
+                                  "aligned 2^ℓ block ends at ((c >> ℓ) << ℓ) + 2^(ℓ-1) - 1."),
+        ("level_reads_chunk_level_column", "lam has one column per token level: chunk level ℓ is token "
+                                           "level C_LOG + ℓ (the levels 0 .. C_LOG are inside the chunk)."),
+        ("level_reads_no_node_decay", "the node is decayed to its own end G_e; carry it to the token "
+                                      "with exp(gc + G_{start-1} - G_e), not only exp(gc)."),
     ),
-    rtol=RTOL,
-    atol=ATOL,
 )
 
 
@@ -445,7 +447,7 @@ LEVEL_READS = Exercise(
 def _grad_cases(rng):
     for case in _reads_cases(rng):
         q, lam, gc, gend, node = case.args
-        gen = torch.Generator().manual_seed(rng.randrange(2**31))
+        gen = generator(rng)
         yield Case((q, randn(gen, q.shape[0], node.shape[2]), lam, gc, gend, node.shape[0]), case.describe)
 
 
@@ -453,9 +455,8 @@ def _grad_driver(fn, q, do, lam, gc, gend, N):
     V = do.shape[1]
     K = q.shape[1]
     C = q.shape[0] // N
-    out = output(N, K, V)
-    launch(fn, (N,), *on_device(q, do, lam, gc, gend), out, N, C=C, C_LOG=C.bit_length() - 1, K=K, V=V, L=lam.shape[1])
-    return stored(out, "dnode_ptr")
+    return launched(fn, (N,), (q, do, lam, gc, gend), output(N, K, V), "dnode_ptr", N,
+                    C=C, C_LOG=C.bit_length() - 1, K=K, V=V, L=lam.shape[1])
 
 
 def _grad_reference(q, do, lam, gc, gend, N):
@@ -464,9 +465,8 @@ def _grad_reference(q, do, lam, gc, gend, N):
     return node.grad
 
 
-NODE_GRADIENT = Exercise(
-    name="kernels.node_gradient",
-    chapter=8,
+NODE_GRADIENT = puzzle(
+    "node_gradient",
     signature="node_gradient_kernel(q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, N, C: tl.constexpr, "
               "C_LOG: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr)",
     task="The backward of puzzle 6 for the nodes. Grid `(N,)`: program `e` stores into `dnode[e]` (`[K, V]`) the "
@@ -475,20 +475,17 @@ NODE_GRADIENT = Exercise(
          "`h` = trailing ones of `e`; it is read at chunk level `h + 1` by the chunks `e + 1 .. e + 2^h` (those "
          "below `N`), with `Q̃_c = diag(lam[:, C_LOG + h + 1] · exp(gc + gend[c - 1] - gend[e])) Q_c`. A slot "
          "nobody reads gets zeros.",
-    solution=LazyKernel("node_gradient_kernel"),
     cases=_grad_cases,
     driver=_grad_driver,
     reference=_grad_reference,
     mistakes=(
-        (LazyKernel("node_gradient_own_chunks"), "a node's gradient comes from its *readers*, the 2^h chunks right "
-                                                 "after it (e + 1 .. e + 2^h), not from the chunks it holds."),
-        (LazyKernel("node_gradient_height_column"), "a node of height h is read at chunk level h + 1: its λ column "
-                                                    "is C_LOG + h + 1."),
-        (LazyKernel("node_gradient_undecayed"), "Q̃ carries the same decay as the forward's read: scale row t by "
-                                                "exp(gc_t + gend[c - 1] - gend[e]) too."),
+        ("node_gradient_own_chunks", "a node's gradient comes from its *readers*, the 2^h chunks right "
+                                     "after it (e + 1 .. e + 2^h), not from the chunks it holds."),
+        ("node_gradient_height_column", "a node of height h is read at chunk level h + 1: its λ column "
+                                        "is C_LOG + h + 1."),
+        ("node_gradient_undecayed", "Q̃ carries the same decay as the forward's read: scale row t by "
+                                    "exp(gc_t + gend[c - 1] - gend[e]) too."),
     ),
-    rtol=RTOL,
-    atol=ATOL,
 )
 
 PUZZLES = (DECAY_MATRIX, LEVEL_MATRIX, INTRA_CHUNK, LEAF_STATE, TREE_SLOTS, LEVEL_READS, NODE_GRADIENT)
