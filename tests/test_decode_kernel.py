@@ -5,6 +5,7 @@ outputs, sequences at different positions, no access outside its tensors."""
 import pytest
 import torch
 
+from kernel_helpers import DEVICE, guard_intact, padded_copy
 from loglin_edu.decoding import FenwickCache
 from operators import assert_close
 
@@ -12,7 +13,6 @@ decode = pytest.importorskip("loglin_edu.kernels.decode_step")
 
 from loglin_edu.kernels import interpreted  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 if DEVICE == "cpu" and not interpreted():
     pytest.skip("TRITON_INTERPRET=1 must be set before triton is imported", allow_module_level=True)
@@ -68,28 +68,15 @@ def test_kernel_step_at_different_positions_and_long_carries(decay):
 def test_kernel_step_stays_inside_its_tensors():
     """Every tensor a view into a NaN-padded buffer: a read outside brings NaN in, a write outside
     overwrites a NaN of the pad."""
-    pad = 3
-
-    def padded(x):
-        buffer = torch.full([s + 2 * pad for s in x.shape], float("nan"), device=DEVICE)
-        view = buffer[tuple(slice(pad, pad + s) for s in x.shape)]
-        view.copy_(x)
-        return buffer, view
-
-    def intact(buffer):
-        inner = torch.zeros_like(buffer, dtype=torch.bool)
-        inner[tuple(slice(pad, s - pad) for s in buffer.shape)] = True
-        return bool(torch.isnan(buffer[~inner]).all())
-
     cache = prepared_cache(2, 3, 5, 6, max_len=32, positions=[7, 16], seed=4)
     gen = torch.Generator().manual_seed(5)
     inputs = random_step(gen, 2, 3, 1, 5, 6, cache.num_levels)
-    buffers, views = zip(*(padded(x) for x in [cache.levels, *inputs]))
+    buffers, views = zip(*(padded_copy(x) for x in [cache.levels, *inputs]))
     levels, q, k, v, lam, g = views
     position = cache.position.clone()
     got = decode.decode_step_(levels, position, q, k, v, lam, g, block_v=4)
     expected = cache.step(inputs[0].expand(2, 3, 5), inputs[1].expand(2, 3, 5), *inputs[2:])
-    assert all(intact(b) for b in buffers)
+    assert all(guard_intact(b) for b in buffers)
     assert torch.isfinite(got).all() and torch.isfinite(levels).all()
     assert_close(got.double(), expected.double(), rtol=1e-5, atol=1e-6, what="guarded o")
     assert_close(levels.double(), cache.levels.double(), rtol=1e-5, atol=1e-6, what="guarded levels")

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import loglin_edu as le
+from kernel_helpers import DEVICE, grads_of, guard_intact, padded_copy, padded_view
 from operators import assert_close
 
 kernels = pytest.importorskip("loglin_edu.kernels.step5_loglinear_mamba2")
@@ -22,7 +23,6 @@ from loglin_edu.kernels.step3_chunk_tree import loglinear_forward  # noqa: E402
 from loglin_edu.kernels.step2_intra_chunk import intra_chunk  # noqa: E402
 from loglin_edu.kernels.step1_mamba2_chunked import mamba2_triton  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy's, from inside the interpreter
 if DEVICE == "cpu" and not interpreted():
     pytest.skip("TRITON_INTERPRET=1 must be set before triton is imported", allow_module_level=True)
@@ -35,15 +35,6 @@ def inputs(B, T, H, Hk, K, V, seed=0, dtype=torch.float64, decay=True):
          torch.randn(B, T, H, V, generator=gen), 0.5 + torch.rand(B, T, H, le.num_levels(T) + 1, generator=gen),
          -0.5 * torch.rand(B, T, H, generator=gen) if decay else None]
     return [None if a is None else a.to(DEVICE, dtype) for a in x]
-
-
-def grads_of(fn, args):
-    """Output and the gradients of a fixed random projection of it, for every tensor argument."""
-    args = [None if a is None else a.detach().clone().requires_grad_(True) for a in args]
-    out = fn(*args)
-    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
-    leaves = [a for a in args if a is not None]
-    return out.detach(), torch.autograd.grad((out * weights).sum(), leaves)
 
 
 def check_against_float64(fn, reference, args, rtol, what):
@@ -248,18 +239,6 @@ def test_triton_form_is_for_log_linear_attention_only():
 # --- guard bands -----------------------------------------------------------------------------------
 
 
-def padded_view(shape, pad=3, fill=float("nan")):
-    """A ``shape`` view into a buffer padded by ``pad`` on every side of every dimension, filled with ``fill``."""
-    buffer = torch.full([s + 2 * pad for s in shape], fill, device=DEVICE)
-    return buffer, buffer[tuple(slice(pad, pad + s) for s in shape)]
-
-
-def guard_intact(buffer, pad=3):
-    inner = torch.zeros_like(buffer, dtype=torch.bool)
-    inner[tuple(slice(pad, s - pad) for s in buffer.shape)] = True
-    return bool(torch.isnan(buffer[~inner]).all())
-
-
 @pytest.mark.parametrize("shared", [True, False])
 def test_guard_bands_no_read_or_write_out_of_bounds(shared):
     """Inputs and outputs are views into NaN-padded buffers: a read outside an input would bring NaN into
@@ -268,11 +247,7 @@ def test_guard_bands_no_read_or_write_out_of_bounds(shared):
     Hk = 1 if shared else H
     config = LaunchConfig(head_group=3, block_levels=1)
     dense = [x.float() for x in inputs(B, T, H, Hk, K, V, seed=7)]
-    views = []
-    for x in dense:
-        _, view = padded_view(x.shape)
-        view.copy_(x)
-        views.append(view)
+    views = [padded_copy(x)[1] for x in dense]
     q, k, v, lam, g = views
     gc, gend = chunk_decay(g, B, T, H, C, q.device)
     o_buffer, o = padded_view((B, T, H, V))

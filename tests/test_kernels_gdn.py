@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import loglin_edu as le
+from kernel_helpers import DEVICE, grads_of, guard_intact, padded_copy, padded_view
 from operators import assert_close
 
 kernels = pytest.importorskip("loglin_edu.kernels.step9_loglinear_gated_deltanet")
@@ -21,7 +22,6 @@ from loglin_edu.kernels.step6_delta_chunks import delta_chunks  # noqa: E402
 from loglin_edu.kernels.step7_delta_levels import first_slots, level_states, loglinear_delta_forward  # noqa: E402
 from loglin_edu.kernels.step8_delta_backward import loglinear_delta_backward  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 if DEVICE == "cpu" and not interpreted():
     pytest.skip("TRITON_INTERPRET=1 must be set before triton is imported", allow_module_level=True)
@@ -37,14 +37,6 @@ def inputs(B, T, H, Hk, K, V, seed=0, dtype=torch.float64, decay=True):
          torch.randn(B, T, H, V, generator=gen), 0.5 + torch.rand(B, T, H, le.num_levels(T) + 1, generator=gen),
          -0.5 * torch.rand(B, T, H, generator=gen) if decay else None, torch.rand(B, T, H, generator=gen)]
     return [None if a is None else a.to(DEVICE, dtype) for a in x]
-
-
-def grads_of(fn, args):
-    """Output and the gradients of a fixed random projection of it, for every tensor argument."""
-    args = [None if a is None else a.detach().clone().requires_grad_(True) for a in args]
-    out = fn(*args)
-    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
-    return out.detach(), torch.autograd.grad((out * weights).sum(), [a for a in args if a is not None])
 
 
 NAMES = ("dq", "dk", "dv", "dlevel_scales", "dlog_decay", "dbeta")
@@ -268,18 +260,6 @@ def test_vmap_folds_the_mapped_dimension_into_the_batch():
 # --- guard bands -----------------------------------------------------------------------------------
 
 
-def padded_view(shape, pad=3, fill=float("nan")):
-    """A ``shape`` view into a buffer padded by ``pad`` on every side of every dimension, filled with ``fill``."""
-    buffer = torch.full([s + 2 * pad for s in shape], fill, device=DEVICE)
-    return buffer, buffer[tuple(slice(pad, pad + s) for s in shape)]
-
-
-def guard_intact(buffer, pad=3):
-    inner = torch.zeros_like(buffer, dtype=torch.bool)
-    inner[tuple(slice(pad, s - pad) for s in buffer.shape)] = True
-    return bool(torch.isnan(buffer[~inner]).all())
-
-
 @pytest.mark.parametrize("shared", [True, False])
 def test_guard_bands_no_read_or_write_out_of_bounds(shared):
     """Inputs and outputs are views into NaN-padded buffers: a read outside an input would bring NaN into the
@@ -289,11 +269,7 @@ def test_guard_bands_no_read_or_write_out_of_bounds(shared):
     B, T, H, K, V, C = 2, 40, 2, 20, 18, 16
     Hk = 1 if shared else H
     dense = [x.float() for x in inputs(B, T, H, Hk, K, V, seed=7)]
-    views = []
-    for x in dense:
-        _, view = padded_view(x.shape)
-        view.copy_(x)
-        views.append(view)
+    views = [padded_copy(x)[1] for x in dense]
     q, k, v, lam, g, beta = views
     o_buffer, o = padded_view((B, T, H, V))
     _, chunks, states = loglinear_delta_forward(q, k, v, lam, beta, g, C, SMALL_TILES, out=o)

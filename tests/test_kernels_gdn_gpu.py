@@ -4,10 +4,10 @@ against float64, up to T = 65,536. The float64 reference is the package's chunkw
 With ``LOGLIN_RECORD_ERRORS=path.json`` the measured errors are written there (book/results keeps them).
 """
 
-import os
-
 import pytest
 import torch
+
+from kernel_helpers import apply_calls, assert_errors_within, case_id, write_recorded_errors
 
 pytestmark = pytest.mark.gpu
 
@@ -35,23 +35,10 @@ RECORDED = []
 @pytest.fixture(scope="module", autouse=True)
 def record():
     yield
-    path = os.environ.get("LOGLIN_RECORD_ERRORS")
-    if path and RECORDED:
-        import sys
-
-        from loglin_edu.provenance import provenance, write_json
-
-        write_json(path, {**provenance("LOGLIN_RECORD_ERRORS=... python -m pytest " + " ".join(sys.argv[1:]), "cuda"),
-                          "reference": "loglinear_attention(beta=..., form='chunkwise') in float64 on the GPU",
-                          "bounds": {str(k).replace("torch.", ""): v for k, v in BOUND.items()}, "cases": RECORDED})
+    write_recorded_errors(RECORDED, "loglinear_attention(beta=..., form='chunkwise') in float64 on the GPU", BOUND)
 
 
-def _case_id(case) -> str:
-    shape, dtype, precision = case
-    return f"{shape[1]}-{shape[4]}x{shape[5]}-{'shared' if shape[3] == 1 else 'heads'}-{str(dtype)[6:]}-{precision or 'default'}"
-
-
-@pytest.mark.parametrize("shape, dtype, precision", CASES, ids=[_case_id(c) for c in CASES])
+@pytest.mark.parametrize("shape, dtype, precision", CASES, ids=[case_id(c) for c in CASES])
 def test_errors_against_float64(shape, dtype, precision):
     from loglin_edu.bench.accuracy import delta_accuracy
     from loglin_edu.kernels.config import DeltaLaunchConfig
@@ -60,23 +47,17 @@ def test_errors_against_float64(shape, dtype, precision):
     result = delta_accuracy(shape, dtype, torch.device("cuda"), config=config)
     result["precision"] = precision or "default"
     RECORDED.append(result)
-    bad = {name: e for name, e in result["errors"].items() if not e <= BOUND[dtype]}
-    assert not bad, f"{dtype} {shape}: relative errors above {BOUND[dtype]}: {bad}"
+    assert_errors_within(result, BOUND[dtype], f"{dtype} {shape}")
 
 
 def test_default_form_on_cuda_is_triton():
     import loglin_edu as le
     from loglin_edu.kernels import step9_loglinear_gated_deltanet as kernel
 
-    calls = []
-    original = kernel.LogLinearGatedDeltaNet.apply
-    kernel.LogLinearGatedDeltaNet.apply = lambda *a: calls.append(1) or original(*a)
-    try:
-        x = torch.nn.functional.normalize(torch.randn(1, 100, 2, 16, device="cuda"), dim=-1)
-        g, beta = -torch.rand(1, 100, 2, device="cuda"), torch.rand(1, 100, 2, device="cuda")
-        le.loglinear_attention(x, x, x, torch.rand(1, 100, 2, 8, device="cuda"), g, beta)
-    finally:
-        kernel.LogLinearGatedDeltaNet.apply = original
+    x = torch.nn.functional.normalize(torch.randn(1, 100, 2, 16, device="cuda"), dim=-1)
+    g, beta = -torch.rand(1, 100, 2, device="cuda"), torch.rand(1, 100, 2, device="cuda")
+    calls = apply_calls(kernel.LogLinearGatedDeltaNet,
+                        lambda: le.loglinear_attention(x, x, x, torch.rand(1, 100, 2, 8, device="cuda"), g, beta))
     assert calls, "form=None on CUDA tensors with beta did not take the Triton path"
 
 

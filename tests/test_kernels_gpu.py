@@ -4,10 +4,10 @@ float64, up to T = 65,536. The float64 reference is the package's chunkwise form
 With ``LOGLIN_RECORD_ERRORS=path.json`` the measured errors are written there (book/results keeps them).
 """
 
-import os
-
 import pytest
 import torch
+
+from kernel_helpers import apply_calls, assert_errors_within, case_id, write_recorded_errors
 
 pytestmark = pytest.mark.gpu
 
@@ -34,23 +34,10 @@ RECORDED = []
 @pytest.fixture(scope="module", autouse=True)
 def record():
     yield
-    path = os.environ.get("LOGLIN_RECORD_ERRORS")
-    if path and RECORDED:
-        import sys
-
-        from loglin_edu.provenance import provenance, write_json
-
-        write_json(path, {**provenance("LOGLIN_RECORD_ERRORS=... python -m pytest " + " ".join(sys.argv[1:]), "cuda"),
-                          "reference": "loglinear_attention(form='chunkwise') in float64 on the GPU",
-                          "bounds": {str(k).replace("torch.", ""): v for k, v in BOUND.items()}, "cases": RECORDED})
+    write_recorded_errors(RECORDED, "loglinear_attention(form='chunkwise') in float64 on the GPU", BOUND)
 
 
-def _case_id(case) -> str:
-    shape, dtype, config = case.values if hasattr(case, "values") else case
-    return f"{shape[1]}-{shape[4]}x{shape[5]}-{'shared' if shape[3] == 1 else 'heads'}-{str(dtype)[6:]}-{config or 'default'}"
-
-
-@pytest.mark.parametrize("shape, dtype, config", CASES, ids=[_case_id(c) for c in CASES])
+@pytest.mark.parametrize("shape, dtype, config", CASES, ids=[case_id(c) for c in CASES])
 def test_errors_against_float64(shape, dtype, config):
     from loglin_edu.bench.accuracy import accuracy
     from loglin_edu.kernels.config import LaunchConfig
@@ -59,8 +46,7 @@ def test_errors_against_float64(shape, dtype, config):
     result = accuracy(shape, dtype, torch.device("cuda"), config=launch)
     result["config"] = config or "default"
     RECORDED.append(result)
-    bad = {name: e for name, e in result["errors"].items() if not e <= BOUND[dtype]}
-    assert not bad, f"{dtype} {shape}: relative errors above {BOUND[dtype]}: {bad}"
+    assert_errors_within(result, BOUND[dtype], f"{dtype} {shape}")
 
 
 @pytest.mark.parametrize("K, V", [(40, 24), (16, 16), (32, 32), (128, 64)])
@@ -89,12 +75,7 @@ def test_default_form_on_cuda_is_triton():
     import loglin_edu as le
     from loglin_edu.kernels import step5_loglinear_mamba2 as kernel
 
-    calls = []
-    original = kernel.LogLinearMamba2.apply
-    kernel.LogLinearMamba2.apply = lambda *a: calls.append(1) or original(*a)
-    try:
-        x = torch.randn(1, 100, 2, 16, device="cuda")
-        le.loglinear_attention(x, x, x, torch.rand(1, 100, 2, 8, device="cuda"), -torch.rand(1, 100, 2, device="cuda"))
-    finally:
-        kernel.LogLinearMamba2.apply = original
+    x = torch.randn(1, 100, 2, 16, device="cuda")
+    calls = apply_calls(kernel.LogLinearMamba2, lambda: le.loglinear_attention(
+        x, x, x, torch.rand(1, 100, 2, 8, device="cuda"), -torch.rand(1, 100, 2, device="cuda")))
     assert calls, "form=None on CUDA tensors did not take the Triton path"
