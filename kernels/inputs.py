@@ -1,4 +1,5 @@
-"""What the kernels read, prepared once per call on the host: the decay's prefix sums and the tensors' layout.
+"""What the kernels read, prepared once per call on the host: the decay's prefix sums and the tensors' layout
+(and, under ``torch.func.vmap``, the mapped dimension folded into the batch).
 
 Every kernel reads ``[B, T, H, D]`` tensors through their strides (the last dimension contiguous); the
 decay is prepared as two small tensors:
@@ -54,3 +55,19 @@ def same_strides(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.
     if q.stride() != k.stride():
         q, k = q.contiguous(), k.contiguous()
     return q, k
+
+
+def kernel_layout(q, k, v, level_scales):
+    """What the kernels read: last dimensions contiguous, q and k with equal strides."""
+    q, k = same_strides(q, k)
+    return q, k, last_dim_contiguous(v), last_dim_contiguous(level_scales)
+
+
+def fold_into_batch(x: torch.Tensor | None, dim: int | None, size: int) -> torch.Tensor | None:
+    """An input of a vmap rule as one batch: ``[size, B, ...]`` (the mapped dimension ``dim`` moved first, or,
+    when ``dim`` is None, ``x: [B, ...]`` expanded to ``size`` members) -> ``[size·B, ...]``. None stays None.
+    Every sequence is independent, so the kernels run once for all members."""
+    if x is None:
+        return None
+    x = x.unsqueeze(0).expand(size, *x.shape) if dim is None else x.movedim(dim, 0)
+    return x.reshape(size * x.shape[1], *x.shape[2:])

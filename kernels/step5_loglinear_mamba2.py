@@ -21,7 +21,7 @@ import torch
 
 from . import interpreted
 from .config import MAX_BLOCK, LaunchConfig
-from .inputs import chunk_decay, last_dim_contiguous, reverse_cumsum, same_strides
+from .inputs import chunk_decay, fold_into_batch, kernel_layout, last_dim_contiguous, reverse_cumsum
 from .step3_chunk_tree import FenwickTree, loglinear_forward
 from .step4_tree_backward import loglinear_backward
 
@@ -44,7 +44,7 @@ class LogLinearMamba2(torch.autograd.Function):
 
     @staticmethod
     def forward(q, k, v, level_scales, log_decay, chunk_size, config):
-        q, k, v, level_scales = _prepared(q, k, v, level_scales)
+        q, k, v, level_scales = kernel_layout(q, k, v, level_scales)
         B, T, H = v.shape[:3]
         gc, gend = chunk_decay(log_decay, B, T, H, chunk_size, q.device, q.dtype)
         o, tree = loglinear_forward(q, k, v, level_scales, gc, gend, chunk_size, config)
@@ -65,7 +65,7 @@ class LogLinearMamba2(torch.autograd.Function):
         if do is None:
             return None, None, None, None, None, None, None
         q, k, v, level_scales, gc, gend, *tree = ctx.saved_tensors
-        q, k, v, level_scales = _prepared(q, k, v, level_scales)
+        q, k, v, level_scales = kernel_layout(q, k, v, level_scales)
         dq, dk, dv, dlam, d_cum = loglinear_backward(
             q, k, v, level_scales, gc, gend, FenwickTree(*tree), last_dim_contiguous(do), ctx.chunk_size, ctx.config
         )
@@ -78,23 +78,10 @@ class LogLinearMamba2(torch.autograd.Function):
     def vmap(info, in_dims, q, k, v, level_scales, log_decay, chunk_size, config):
         """``[M, B, ...]`` -> ``[M·B, ...]``, one call, and back (unmapped inputs are expanded)."""
         M = info.batch_size
-
-        def fold(x, dim):
-            if x is None:
-                return None
-            x = x.unsqueeze(0).expand(M, *x.shape) if dim is None else x.movedim(dim, 0)
-            return x.reshape(M * x.shape[1], *x.shape[2:])
-
-        args = [fold(x, d) for x, d in zip((q, k, v, level_scales, log_decay), in_dims[:5])]
+        args = [fold_into_batch(x, d, M) for x, d in zip((q, k, v, level_scales, log_decay), in_dims[:5])]
         outputs = LogLinearMamba2.apply(*args, chunk_size, config)
         residuals_dim = 0 if outputs[4].numel() else None  # empty when the nodes are fp32
         return tuple(x.unflatten(0, (M, -1)) if x.numel() else x for x in outputs), (0, 0, 0, 0, residuals_dim)
-
-
-def _prepared(q, k, v, level_scales):
-    """What the kernels read: last dimensions contiguous, q and k with equal strides."""
-    q, k = same_strides(q, k)
-    return q, k, last_dim_contiguous(v), last_dim_contiguous(level_scales)
 
 
 def loglinear_mamba2(q, k, v, level_scales, log_decay=None, chunk_size: int = 64,

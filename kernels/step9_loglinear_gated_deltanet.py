@@ -22,7 +22,7 @@ import torch
 
 from . import interpreted
 from .config import DeltaLaunchConfig
-from .inputs import last_dim_contiguous, same_strides
+from .inputs import fold_into_batch, kernel_layout, last_dim_contiguous
 from .step6_delta_chunks import DeltaChunks
 from .step7_delta_levels import loglinear_delta_forward
 from .step8_delta_backward import chunk_reverse_cumsum, loglinear_delta_backward
@@ -45,7 +45,7 @@ class LogLinearGatedDeltaNet(torch.autograd.Function):
 
     @staticmethod
     def forward(q, k, v, level_scales, log_decay, beta, chunk_size, config):
-        q, k, v, level_scales = _prepared(q, k, v, level_scales)
+        q, k, v, level_scales = kernel_layout(q, k, v, level_scales)
         o, chunks, states = loglinear_delta_forward(q, k, v, level_scales, beta, log_decay, chunk_size, config)
         return (o, *chunks, states)
 
@@ -65,7 +65,7 @@ class LogLinearGatedDeltaNet(torch.autograd.Function):
         if do is None:
             return None, None, None, None, None, None, None, None
         q, k, v, level_scales, *saved = ctx.saved_tensors
-        q, k, v, level_scales = _prepared(q, k, v, level_scales)
+        q, k, v, level_scales = kernel_layout(q, k, v, level_scales)
         chunks, states = DeltaChunks(*saved[:-1]), saved[-1]
         dq, dk, dv, dlam, dbeta, d_gc = loglinear_delta_backward(
             q, k, v, level_scales, chunks, states, last_dim_contiguous(do), ctx.chunk_size, ctx.config
@@ -79,22 +79,9 @@ class LogLinearGatedDeltaNet(torch.autograd.Function):
     def vmap(info, in_dims, q, k, v, level_scales, log_decay, beta, chunk_size, config):
         """``[M, B, ...]`` -> ``[M·B, ...]``, one call, and back (unmapped inputs are expanded)."""
         M = info.batch_size
-
-        def fold(x, dim):
-            if x is None:
-                return None
-            x = x.unsqueeze(0).expand(M, *x.shape) if dim is None else x.movedim(dim, 0)
-            return x.reshape(M * x.shape[1], *x.shape[2:])
-
-        args = [fold(x, d) for x, d in zip((q, k, v, level_scales, log_decay, beta), in_dims[:6])]
+        args = [fold_into_batch(x, d, M) for x, d in zip((q, k, v, level_scales, log_decay, beta), in_dims[:6])]
         outputs = LogLinearGatedDeltaNet.apply(*args, chunk_size, config)
         return tuple(x.unflatten(0, (M, -1)) for x in outputs), (0,) * len(outputs)
-
-
-def _prepared(q, k, v, level_scales):
-    """What the kernels read: last dimensions contiguous, q and k with equal strides."""
-    q, k = same_strides(q, k)
-    return q, k, last_dim_contiguous(v), last_dim_contiguous(level_scales)
 
 
 def loglinear_gated_deltanet(q, k, v, level_scales, log_decay, beta, chunk_size: int = 64,
