@@ -81,6 +81,15 @@ def load_node(node_ptr, res_ptr, offset, dtype, RESIDUAL: tl.constexpr):
 
 
 @triton.jit
+def merge_left(state, node_ptr, res_ptr, gend_ptr, e, g_end, tile, BK: tl.constexpr, BV: tl.constexpr,
+               RESIDUAL: tl.constexpr):
+    """``exp(G_end - G_e) S_e + state``: the parent of the stored left node ``S_e`` (slot ``e``, ending where
+    ``G = G_e``) and ``state``, the right part ending where ``G = g_end``; the node read unrounded (RESIDUAL)."""
+    left = load_node(node_ptr, res_ptr, e.to(tl.int64) * BK * BV + tile, state.dtype, RESIDUAL)
+    return tl.exp((g_end - tl.load(gend_ptr + e)).to(state.dtype)) * left + state
+
+
+@triton.jit
 def fenwick_tree_kernel(
     k_ptr, v_ptr, gc_ptr, gend_ptr, node_ptr, res_ptr, root_ptr,
     T, N, NB, H, K, V,
@@ -117,8 +126,7 @@ def fenwick_tree_kernel(
             merges = trailing_ones(i, M)
             for height in range(merges):  # merge with the left sibling of each height this chunk completes
                 e = c - (1 << height)
-                left = load_node(node_ptr, res_ptr, e.to(tl.int64) * BK * BV + tile, state.dtype, RESIDUAL)
-                state = tl.exp((g_end - tl.load(gend_ptr + e)).to(state.dtype)) * left + state
+                state = merge_left(state, node_ptr, res_ptr, gend_ptr, e, g_end, tile, BK, BV, RESIDUAL)
             if merges < M:  # a left node inside the block
                 store_node(node_ptr, res_ptr, c.to(tl.int64) * BK * BV + tile, state, RESIDUAL)
             else:  # the block's root: the tree above the blocks needs it, left or right
@@ -147,8 +155,7 @@ def fenwick_upper_kernel(
         merges = trailing_ones(beta, ROOT_BITS)
         for height in range(merges):
             e = c - (1 << (M + height))
-            left = load_node(node_ptr, res_ptr, e.to(tl.int64) * BK * BV + tile, state.dtype, RESIDUAL)
-            state = tl.exp((g_end - tl.load(gend_ptr + e)).to(state.dtype)) * left + state
+            state = merge_left(state, node_ptr, res_ptr, gend_ptr, e, g_end, tile, BK, BV, RESIDUAL)
         if merges > 0:  # an even block's root was stored by the tree kernel already
             store_node(node_ptr, res_ptr, c.to(tl.int64) * BK * BV + tile, state, RESIDUAL)
         tl.debug_barrier()
