@@ -72,6 +72,15 @@ def load_rows(ptr, row_stride, t, cols):
 
 
 @triton.jit
+def key_tile_products(q_ptr, k_ptr, stride_t, t, T, cols, width, IP: tl.constexpr):
+    """One key tile of the chunk: q, k ``[C, BK]`` at rows ``t`` and columns ``cols`` (zero past ``T`` and
+    ``width``) and their shares of ``Q Kᵀ`` and ``K Kᵀ`` (``[C, C]``), which sum over the key tiles."""
+    q = load_tile(q_ptr, stride_t, t, T, cols, width)
+    k = load_tile(k_ptr, stride_t, t, T, cols, width)
+    return q, k, tl.dot(q, tl.trans(k), input_precision=IP), tl.dot(k, tl.trans(k), input_precision=IP)
+
+
+@triton.jit
 def delta_chunk_kernel(
     q_ptr, k_ptr, v_ptr, beta_ptr, gc_ptr, tb_ptr, p_ptr, w_ptr, query_ptr, u_ptr,
     T, N, H, K, V,
@@ -91,16 +100,12 @@ def delta_chunk_kernel(
     rows = bh * N * C + t  # this chunk's rows of the [B, H, N·C, ...] buffers
     gc = tl.load(gc_ptr + rows)
     beta = tl.load(beta_ptr + rows)
-    q1 = load_tile(q_ptr, sqt, t, T, r1, K)
-    k1 = load_tile(k_ptr, sqt, t, T, r1, K)
-    scores = tl.dot(q1, tl.trans(k1), input_precision=IP)
-    keys = tl.dot(k1, tl.trans(k1), input_precision=IP)
+    q1, k1, scores, keys = key_tile_products(q_ptr, k_ptr, sqt, t, T, r1, K, IP)
     if BK2 > 0:
         r2 = tl.arange(0, BK2)
-        q2 = load_tile(q_ptr + BK1, sqt, t, T, r2, K - BK1)
-        k2 = load_tile(k_ptr + BK1, sqt, t, T, r2, K - BK1)
-        scores += tl.dot(q2, tl.trans(k2), input_precision=IP)
-        keys += tl.dot(k2, tl.trans(k2), input_precision=IP)
+        q2, k2, scores2, keys2 = key_tile_products(q_ptr + BK1, k_ptr + BK1, sqt, t, T, r2, K - BK1, IP)
+        scores += scores2
+        keys += keys2
     decay = decay_matrix(gc, C)
     gamma = tl.exp(gc)
     strict = rc[:, None] > rc[None, :]

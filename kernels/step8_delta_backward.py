@@ -42,7 +42,7 @@ import triton.language as tl
 from ..fenwick import num_chunk_levels
 from .config import DeltaLaunchConfig, accumulator_dtype, dot_precision, key_tiles, level_block, solve_precision
 from .inputs import reverse_cumsum
-from .step6_delta_chunks import DeltaChunks, load_rows, store_rows, value_tiles
+from .step6_delta_chunks import DeltaChunks, key_tile_products, load_rows, store_rows, value_tiles
 from .step7_delta_levels import first_slots, load_transition, walk_table
 from .tiles import decay_matrix, fenwick_levels, level_column, level_scale_matrix, level_sums, load_level_scales, load_tile, store_tile
 
@@ -257,16 +257,12 @@ def delta_chunk_bwd_kernel(
     square = (bh * N + i_c) * C * C + rc[:, None] * C + rc[None, :]
     t_beta = tl.load(tb_ptr + square)
     intra = tl.load(p_ptr + square)
-    q1 = load_tile(q_ptr, sqt, t, T, r1, K)
-    k1 = load_tile(k_ptr, sqt, t, T, r1, K)
-    qk = tl.dot(q1, tl.trans(k1), input_precision=IP)
-    kk = tl.dot(k1, tl.trans(k1), input_precision=IP)
+    q1, k1, qk, kk = key_tile_products(q_ptr, k_ptr, sqt, t, T, r1, K, IP)
     if BK2 > 0:
         r2 = tl.arange(0, BK2)
-        q2 = load_tile(q_ptr + BK1, sqt, t, T, r2, K - BK1)
-        k2 = load_tile(k_ptr + BK1, sqt, t, T, r2, K - BK1)
-        qk += tl.dot(q2, tl.trans(k2), input_precision=IP)
-        kk += tl.dot(k2, tl.trans(k2), input_precision=IP)
+        q2, k2, qk2, kk2 = key_tile_products(q_ptr + BK1, k_ptr + BK1, sqt, t, T, r2, K - BK1, IP)
+        qk += qk2
+        kk += kk2
     scores = decay * qk  # Γ ⊙ Q Kᵀ
     solved = tl.dot(scores, t_beta, input_precision=IPS)  # P = solved · diag(β)
     lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + i_h * slh, slt, t, T, L, BL, gc.dtype)
