@@ -223,6 +223,41 @@ def wy_key_part(dquery, dw, t_beta, scores, IP: tl.constexpr):
 
 
 @triton.jit
+def wy_key_tile(q, k, cols, dquery_ptr, dw_ptr, dkt_ptr, w_ptr, rows, KP, t_beta, scores, beta, gamma, write,
+                d_scores, d_t, d_beta, d_gamma, d_ratio, IP: tl.constexpr):
+    """One key tile (columns ``cols`` of the ``[B, H, N·C, KP]`` buffers) back through
+    ``query = diag(γ) Q - (Γ ⊙ Q Kᵀ) W`` and ``W = T_β diag(βγ) K``: returns its ``dquery``, ``dK̃`` and ``dKb``
+    (:func:`wy_key_part`), and the accumulators ``d(Γ ⊙ Q Kᵀ)``, ``dT_β``, ``dβ``, ``dγ`` and ``d(γ_C / γ)`` with
+    the tile's terms added."""
+    dquery = load_rows(dquery_ptr, KP, rows, cols)
+    dkt = load_rows(dkt_ptr, KP, rows, cols)
+    k = k.to(d_gamma.dtype)
+    d_gamma += tl.sum(q.to(d_gamma.dtype) * dquery, 1)
+    d_scores -= tl.dot(dquery, tl.trans(load_rows(w_ptr, KP, rows, cols)), input_precision=IP)
+    d_w, d_kb = wy_key_part(dquery, load_rows(dw_ptr, KP, rows, cols), t_beta, scores, IP)
+    d_t += tl.dot(d_w, tl.trans(k * write[:, None]), input_precision=IP)
+    kd = tl.sum(k * d_kb, 1)
+    d_beta += gamma * kd
+    d_gamma += beta * kd
+    d_ratio += tl.sum(k * dkt, 1)
+    return dquery, dkt, d_kb, d_scores, d_t, d_beta, d_gamma, d_ratio
+
+
+@triton.jit
+def store_qk_grads(dq_ptr, dk_ptr, stride_t, t, T, cols, width, q, k, dquery, dkt, d_kb, d_qk, d_keys, gamma, write,
+                   ratio, IP: tl.constexpr):
+    """dq and dk of one key tile, stored at columns ``cols`` (``width`` valid): ``dq = diag(γ) dquery + dQK K``,
+    ``dk = diag(βγ) dKb + diag(γ_C / γ) dK̃ + dKK K + dQKᵀ Q`` (``dQK``, ``dKK`` the gradients of ``Q Kᵀ``,
+    ``K Kᵀ``)."""
+    k = k.to(dquery.dtype)
+    dq = dquery * gamma[:, None] + tl.dot(d_qk, k, input_precision=IP)
+    dk = (d_kb * write[:, None] + dkt * ratio[:, None] + tl.dot(d_keys, k, input_precision=IP)
+          + tl.dot(tl.trans(d_qk), q.to(dquery.dtype), input_precision=IP))
+    store_tile(dq_ptr, stride_t, t, T, cols, width, dq)
+    store_tile(dk_ptr, stride_t, t, T, cols, width, dk)
+
+
+@triton.jit
 def delta_chunk_bwd_kernel(
     q_ptr, k_ptr, v_ptr, lam_ptr, do_ptr, beta_ptr, gc_ptr, tb_ptr, p_ptr, w_ptr,
     dquery_ptr, dw_ptr, dkt_ptr, du_ptr, dgamma_ptr,
@@ -298,28 +333,13 @@ def delta_chunk_bwd_kernel(
     # keys: query = diag(γ) Q - (Γ ⊙ Q Kᵀ) W and W = T_β diag(βγ) K, tile by tile
     d_gamma = tl.zeros((C,), dtype=gc.dtype)
     d_ratio = tl.zeros((C,), dtype=gc.dtype)
-    dquery1 = load_rows(dquery_ptr, KP, rows, r1)
-    dkt1 = load_rows(dkt_ptr, KP, rows, r1)
-    d_gamma += tl.sum(q1.to(gc.dtype) * dquery1, 1)
-    d_scores -= tl.dot(dquery1, tl.trans(load_rows(w_ptr, KP, rows, r1)), input_precision=IP)
-    d_w1, d_kb1 = wy_key_part(dquery1, load_rows(dw_ptr, KP, rows, r1), t_beta, scores, IP)
-    d_t += tl.dot(d_w1, tl.trans(k1.to(gc.dtype) * write[:, None]), input_precision=IP)
-    kd = tl.sum(k1.to(gc.dtype) * d_kb1, 1)
-    d_beta += gamma * kd
-    d_gamma += beta * kd
-    d_ratio += tl.sum(k1.to(gc.dtype) * dkt1, 1)
+    dquery1, dkt1, d_kb1, d_scores, d_t, d_beta, d_gamma, d_ratio = wy_key_tile(
+        q1, k1, r1, dquery_ptr, dw_ptr, dkt_ptr, w_ptr, rows, KP, t_beta, scores, beta, gamma, write,
+        d_scores, d_t, d_beta, d_gamma, d_ratio, IP)
     if BK2 > 0:
-        r2w = BK1 + tl.arange(0, BK2)
-        dquery2 = load_rows(dquery_ptr, KP, rows, r2w)
-        dkt2 = load_rows(dkt_ptr, KP, rows, r2w)
-        d_gamma += tl.sum(q2.to(gc.dtype) * dquery2, 1)
-        d_scores -= tl.dot(dquery2, tl.trans(load_rows(w_ptr, KP, rows, r2w)), input_precision=IP)
-        d_w2, d_kb2 = wy_key_part(dquery2, load_rows(dw_ptr, KP, rows, r2w), t_beta, scores, IP)
-        d_t += tl.dot(d_w2, tl.trans(k2.to(gc.dtype) * write[:, None]), input_precision=IP)
-        kd = tl.sum(k2.to(gc.dtype) * d_kb2, 1)
-        d_beta += gamma * kd
-        d_gamma += beta * kd
-        d_ratio += tl.sum(k2.to(gc.dtype) * dkt2, 1)
+        dquery2, dkt2, d_kb2, d_scores, d_t, d_beta, d_gamma, d_ratio = wy_key_tile(
+            q2, k2, BK1 + tl.arange(0, BK2), dquery_ptr, dw_ptr, dkt_ptr, w_ptr, rows, KP, t_beta, scores, beta, gamma,
+            write, d_scores, d_t, d_beta, d_gamma, d_ratio, IP)
     # the triangular solve: T_β = (I + M)⁻¹ with M = strict_lower(diag(β) (Γ ⊙ K Kᵀ))
     d_m = -tl.dot(tl.dot(tl.trans(t_beta), d_t, input_precision=IPS), tl.trans(t_beta), input_precision=IPS)
     d_m = tl.where(rc[:, None] > rc[None, :], d_m, 0.0)
@@ -337,17 +357,11 @@ def delta_chunk_bwd_kernel(
     d_keys = d_kk + tl.trans(d_kk)
     dq_ptr += i_b.to(tl.int64) * T * H * K + i_h * K
     dk_ptr += i_b.to(tl.int64) * T * H * K + i_h * K
-    dq1 = dquery1 * gamma[:, None] + tl.dot(d_qk, k1.to(gc.dtype), input_precision=IP)
-    dk1 = (d_kb1 * write[:, None] + dkt1 * ratio[:, None] + tl.dot(d_keys, k1.to(gc.dtype), input_precision=IP)
-           + tl.dot(tl.trans(d_qk), q1.to(gc.dtype), input_precision=IP))
-    store_tile(dq_ptr, H * K, t, T, r1, K, dq1)
-    store_tile(dk_ptr, H * K, t, T, r1, K, dk1)
+    store_qk_grads(dq_ptr, dk_ptr, H * K, t, T, r1, K, q1, k1, dquery1, dkt1, d_kb1, d_qk, d_keys, gamma, write, ratio,
+                   IP)
     if BK2 > 0:
-        dq2 = dquery2 * gamma[:, None] + tl.dot(d_qk, k2.to(gc.dtype), input_precision=IP)
-        dk2 = (d_kb2 * write[:, None] + dkt2 * ratio[:, None] + tl.dot(d_keys, k2.to(gc.dtype), input_precision=IP)
-               + tl.dot(tl.trans(d_qk), q2.to(gc.dtype), input_precision=IP))
-        store_tile(dq_ptr + BK1, H * K, t, T, r2, K - BK1, dq2)
-        store_tile(dk_ptr + BK1, H * K, t, T, r2, K - BK1, dk2)
+        store_qk_grads(dq_ptr + BK1, dk_ptr + BK1, H * K, t, T, r2, K - BK1, q2, k2, dquery2, dkt2, d_kb2, d_qk, d_keys,
+                       gamma, write, ratio, IP)
 
 
 def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states, do, chunk_size: int = 64,
