@@ -27,6 +27,17 @@ import triton
 import triton.language as tl
 
 from .config import MAX_BLOCK, block
+from .inputs import last_dim_contiguous, same_strides
+
+
+@triton.jit
+def load_token(q_ptr, k_ptr, v_ptr, i_b, i_h, sqb, sqh, svb, svh, rk, rv, K, V):
+    """The token's q, k ``[BK]`` and v ``[BV]`` for batch ``i_b`` and head ``i_h``, in fp32, zero past ``K`` and
+    ``V`` (q and k share their strides)."""
+    q = tl.load(q_ptr + i_b.to(tl.int64) * sqb + i_h * sqh + rk, mask=rk < K, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + i_b.to(tl.int64) * sqb + i_h * sqh + rk, mask=rk < K, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + i_b.to(tl.int64) * svb + i_h * svh + rv, mask=rv < V, other=0.0).to(tl.float32)
+    return q, k, v
 
 
 @triton.jit
@@ -44,9 +55,7 @@ def fenwick_decode_kernel(
     t = tl.load(position_ptr + i_b).to(tl.int64)
     low = t & (-t)  # 2^j, 0 at t = 0
     last = t - 1
-    q = tl.load(q_ptr + i_b.to(tl.int64) * sqb + i_h * sqh + rk, mask=rk < K, other=0.0).to(tl.float32)
-    k = tl.load(k_ptr + i_b.to(tl.int64) * sqb + i_h * sqh + rk, mask=rk < K, other=0.0).to(tl.float32)
-    v = tl.load(v_ptr + i_b.to(tl.int64) * svb + i_h * svh + rv, mask=rv < V, other=0.0).to(tl.float32)
+    q, k, v = load_token(q_ptr, k_ptr, v_ptr, i_b, i_h, sqb, sqh, svb, svh, rk, rv, K, V)
     decay = 1.0
     if HAS_DECAY:
         decay = tl.exp(tl.load(g_ptr + i_b.to(tl.int64) * sgb + i_h * sgh).to(tl.float32))
@@ -107,10 +116,8 @@ def decode_step_(
             f"v must be [B={B}, H={H}, V={V}] and level_scales [B, H, >= {L}], got {tuple(v.shape)}, "
             f"{tuple(level_scales.shape)}"
         )
-    if q.stride() != k.stride() or q.stride(-1) != 1:  # one set of strides serves both
-        q, k = q.contiguous(), k.contiguous()
-    v = v if v.stride(-1) == 1 else v.contiguous()
-    level_scales = level_scales if level_scales.stride(-1) == 1 else level_scales.contiguous()
+    q, k = same_strides(q, k)  # one set of strides serves both
+    v, level_scales = last_dim_contiguous(v), last_dim_contiguous(level_scales)
     BV = block_v or min(block(V), 64)
     o = torch.empty(B, H, V, device=v.device, dtype=v.dtype)
     g = log_decay if log_decay is not None else v  # a placeholder pointer when there is no decay
@@ -140,9 +147,7 @@ def mamba2_decode_kernel(
     rk = tl.arange(0, BK)
     rv = i_v * BV + tl.arange(0, BV)
     tile_mask = (rk[:, None] < K) & (rv[None, :] < V)
-    q = tl.load(q_ptr + i_b.to(tl.int64) * sqb + i_h * sqh + rk, mask=rk < K, other=0.0).to(tl.float32)
-    k = tl.load(k_ptr + i_b.to(tl.int64) * sqb + i_h * sqh + rk, mask=rk < K, other=0.0).to(tl.float32)
-    v = tl.load(v_ptr + i_b.to(tl.int64) * svb + i_h * svh + rv, mask=rv < V, other=0.0).to(tl.float32)
+    q, k, v = load_token(q_ptr, k_ptr, v_ptr, i_b, i_h, sqb, sqh, svb, svh, rk, rv, K, V)
     ptrs = state_ptr + i_b.to(tl.int64) * s_sb + i_h.to(tl.int64) * s_sh + rk[:, None].to(tl.int64) * s_sk + rv[None, :]
     state = tl.load(ptrs, mask=tile_mask, other=0.0)
     if HAS_DECAY:
@@ -173,9 +178,8 @@ def mamba2_decode_step_(
         raise ValueError(f"state must be float32 with V contiguous, got {state.dtype} strides {state.stride()}")
     if K > MAX_BLOCK or q.shape != k.shape or q.shape[0] != B or q.shape[1] not in (1, H) or q.shape[2] != K:
         raise ValueError(f"q, k must have shape [B={B}, H={H} or 1, K={K}] with K <= {MAX_BLOCK}, got {tuple(q.shape)}")
-    if q.stride() != k.stride() or q.stride(-1) != 1:
-        q, k = q.contiguous(), k.contiguous()
-    v = v if v.stride(-1) == 1 else v.contiguous()
+    q, k = same_strides(q, k)
+    v = last_dim_contiguous(v)
     BV = block_v or min(block(V), 64)
     o = torch.empty(B, H, V, device=v.device, dtype=v.dtype)
     g = log_decay if log_decay is not None else v
