@@ -77,3 +77,24 @@ def apply_calls(function, run) -> int:
     finally:
         function.apply = original
     return len(calls)
+
+
+def zero_fill_sizes(run) -> list[int]:
+    """The sizes (numbers of elements) of the tensors ``run()`` zero-fills: ``zeros``, ``zeros_like``, ``fill_``
+    and ``zero_`` as dispatched by PyTorch."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    sizes = []
+    fills = (torch.ops.aten.zeros.default, torch.ops.aten.zeros_like.default, torch.ops.aten.fill_.Scalar,
+             torch.ops.aten.zero_.default)
+
+    class ZeroFills(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in fills:
+                sizes.append(out.numel())
+            return out
+
+    with ZeroFills():
+        run()
+    return sizes

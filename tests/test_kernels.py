@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import loglin_edu as le
-from kernel_helpers import DEVICE, grads_of, guard_intact, padded_copy, padded_view
+from kernel_helpers import DEVICE, grads_of, guard_intact, padded_copy, padded_view, zero_fill_sizes
 from operators import assert_close
 
 kernels = pytest.importorskip("loglin_edu.kernels.step5_loglinear_mamba2")
@@ -150,24 +150,11 @@ def test_decay_gradient_does_not_grow_with_T_in_16_bit(node_type, monkeypatch):
 def test_backward_fills_no_zero_gradient_for_the_tree():
     """The tree (nodes, residuals) is an output of the autograd Function only to be saved; autograd must
     not zero-fill a gradient for it (at the benchmark's size that was 1.5 GiB and a memset per step)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Zeros(TorchDispatchMode):
-        sizes = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if func in (torch.ops.aten.zeros.default, torch.ops.aten.zeros_like.default, torch.ops.aten.fill_.Scalar,
-                        torch.ops.aten.zero_.default):
-                self.sizes.append(out.numel())
-            return out
-
     q, k, v, lam, g = (x.float().requires_grad_(True) for x in inputs(1, 300, 2, 1, 16, 16))
     o = kernels.loglinear_mamba2(q, k, v, lam, g, chunk_size=16)
     states = -(-300 // 16) * 2 * 16 * 16  # one K x V node per chunk and head
-    with Zeros():
-        o.sum().backward()
-    assert all(n < states for n in Zeros.sizes), Zeros.sizes
+    sizes = zero_fill_sizes(lambda: o.sum().backward())
+    assert all(n < states for n in sizes), sizes
 
 
 def test_unknown_precision_is_refused():

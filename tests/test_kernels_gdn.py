@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import loglin_edu as le
-from kernel_helpers import DEVICE, grads_of, guard_intact, padded_copy, padded_view
+from kernel_helpers import DEVICE, grads_of, guard_intact, padded_copy, padded_view, zero_fill_sizes
 from operators import assert_close
 
 kernels = pytest.importorskip("loglin_edu.kernels.step9_loglinear_gated_deltanet")
@@ -212,24 +212,11 @@ def test_too_wide_keys_are_refused():
 def test_backward_fills_no_zero_gradient_for_the_saved_tensors():
     """The factors and states are outputs of the Function only to be saved: autograd must not zero-fill their
     gradients (the states alone are ``Σ popcount(c)`` blocks of ``K × V``)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Zeros(TorchDispatchMode):
-        sizes = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if func in (torch.ops.aten.zeros.default, torch.ops.aten.zeros_like.default, torch.ops.aten.fill_.Scalar,
-                        torch.ops.aten.zero_.default):
-                self.sizes.append(out.numel())
-            return out
-
     q, k, v, lam, g, beta = (x.float().requires_grad_(True) for x in inputs(1, 64, 1, 1, 16, 16))
     o = kernels.loglinear_gated_deltanet(q, k, v, lam, g, beta, chunk_size=16)
-    with Zeros():
-        o.sum().backward()
+    sizes = zero_fill_sizes(lambda: o.sum().backward())
     states = 4 * 16 * 16  # Σ_{c<4} popcount(c) = 4 states of K x V
-    assert all(n < states for n in Zeros.sizes), Zeros.sizes
+    assert all(n < states for n in sizes), sizes
 
 
 @pytest.mark.slow
