@@ -171,6 +171,5 @@ def tier_to_dict(tier: Tier) -> dict[str, Any]:
 def tier_from_dict(d: dict[str, Any]) -> Tier:
     data = TaskSpec(**{**d["data"], "sizes": tuple(d["data"]["sizes"])})
     train_cfg = TrainConfig(**{**d["train"], "betas": tuple(d["train"]["betas"])})
-    return Tier(data=data, models=tuple(d["models"]), widths=tuple(d["widths"]), seeds=tuple(d["seeds"]),
-                lrs=tuple(d["lrs"]), train=train_cfg, n_layers=d["n_layers"], chunk_size=d["chunk_size"],
-                backend=d.get("backend", "torch"))
+    lists = {name: tuple(d[name]) for name in ("models", "widths", "seeds", "lrs")}
+    return Tier(**{**d, **lists, "data": data, "train": train_cfg})

@@ -50,16 +50,37 @@ def compare(result: dict[str, Any], model: str, baseline: str, width: int) -> di
                 separated=abs(diff) > max(2 * se, 1.0), better=diff > 0)
 
 
+GATE_ACCURACY = 0.99
+
+
+def transformer_gate(result: dict[str, Any], threshold: float = GATE_ACCURACY) -> dict[str, Any]:
+    """Zoology's sanity check before any comparison: the Transformer's test accuracy (mean over seeds, each seed
+    at its selected learning rate) reaches ``threshold`` at every width of the run.
+
+    Returns ``dict(threshold, by_width={width: mean or None}, passed)``; a width whose Transformer did not
+    finish counts as failed, and a run without Transformer jobs does not pass.
+    """
+    by_width = {}
+    for w in result["widths"]:
+        accs = cell_accuracies(result, "transformer", w)
+        by_width[str(w)] = sum(accs) / len(accs) if accs else None
+    passed = bool(by_width) and all(a is not None and a >= threshold for a in by_width.values())
+    return dict(threshold=threshold, by_width=by_width, passed=passed)
+
+
 def results_record(name: str, tier: Tier, records: list[dict[str, Any]], *, device: str, seconds: float,
                    commit: str | None, command: str | None) -> dict[str, Any]:
     """The results file of one tier: setup, provenance, every job's record and the best-lr table
     (``best`` only counts jobs that reached their last step; see each job's ``complete``)."""
-    return dict(
+    result = dict(
         tier=name, **{**provenance(command, device), **({"commit": commit} if commit else {})},
         seconds=round(seconds, 1), data=asdict(tier.data), train=tier.train.to_dict(), seeds=list(tier.seeds),
-        lrs=list(tier.lrs), models=list(tier.models), widths=list(tier.widths), backend=tier.backend, jobs=records,
+        lrs=list(tier.lrs), models=list(tier.models), widths=list(tier.widths), backend=tier.backend,
+        transformer=dict(conv_size=tier.attention_conv, rope=tier.attention_rope), jobs=records,
         best=best_by_cell([r for r in records if r["complete"]]),
     )
+    result["gate"] = transformer_gate(result)
+    return result
 
 
 def summary_table(result: dict[str, Any]) -> list[str]:

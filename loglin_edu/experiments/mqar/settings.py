@@ -54,7 +54,12 @@ class TaskSpec:
 
 @dataclass
 class Tier:
-    """Everything one tier runs: the data, the models and widths, the members of each ensemble, training."""
+    """Everything one tier runs: the data, the models and widths, the members of each ensemble, training.
+
+    attention_conv, attention_rope: the Transformer's short convolution width (Zoology's baseline: 3) and
+    whether it also has rotary position embeddings (Zoology's MQAR baseline has none; lagged recall asks for the
+    *latest* binding of a key, which attention without positions cannot tell from an older one).
+    """
 
     data: TaskSpec
     models: tuple[str, ...] = MODELS
@@ -65,6 +70,8 @@ class Tier:
     n_layers: int = 2
     chunk_size: int = 64
     backend: str = "torch"
+    attention_conv: int = 3
+    attention_rope: bool = False
 
 
 ZOOLOGY_LRS = (1e-3, 10**-2.5, 1e-2)  # the first three of Zoology's sweep logspace(-3, -1.5, 4)
@@ -89,10 +96,12 @@ TIERS: dict[str, Tier] = {
 }
 
 
-def mixer_options(model: str, width: int, chunk_size: int, backend: str = "torch") -> dict[str, Any]:
+def mixer_options(model: str, width: int, chunk_size: int, backend: str = "torch", attention_conv: int = 3,
+                  attention_rope: bool = False) -> dict[str, Any]:
     """Each architecture's settings at a width (state sizes in :func:`state_size`).
 
-    Transformer: one head (as Zoology's MQAR baseline), RoPE, the dense form (T <= 256).
+    Transformer: one head (as Zoology's MQAR baseline), a short convolution of width ``attention_conv`` before
+    attention, RoPE when ``attention_rope``, the dense form (T <= 256).
     Mamba-2 (both): expand 2, heads of width 16, state width N = 16, one group.
     Gated DeltaNet (both): 2 heads, key width ``width / 2``, value width ``width``.
     backend: ``"torch"`` (the PyTorch forms) or ``"auto"`` (the Triton kernel where a layer has one and the
@@ -101,7 +110,7 @@ def mixer_options(model: str, width: int, chunk_size: int, backend: str = "torch
     if backend not in ("torch", "auto"):
         raise ValueError(f"backend must be 'torch' or 'auto', got {backend!r}")
     if model == "transformer":
-        return dict(num_heads=1, backend="torch", form="naive")
+        return dict(num_heads=1, conv_size=attention_conv, rope=attention_rope, backend="torch", form="naive")
     if model in ("mamba2", "loglinear_mamba2"):
         return dict(d_state=16, head_dim=16, expand=2, backend=backend, chunk_size=chunk_size)
     return dict(num_heads=2, expand_v=2, backend="torch", chunk_size=chunk_size)
@@ -111,7 +120,8 @@ def model_config(tier: Tier, model: str, width: int) -> ModelConfig:
     """The :class:`~loglin_edu.layers.ModelConfig` of ``model`` at ``width`` in ``tier``."""
     return ModelConfig(
         model, vocab_size=tier.data.vocab_size, d_model=width, n_layers=tier.n_layers, max_len=tier.data.seq_len,
-        mixer_options=mixer_options(model, width, tier.chunk_size, tier.backend),
+        mixer_options=mixer_options(model, width, tier.chunk_size, tier.backend, tier.attention_conv,
+                                    tier.attention_rope),
     )
 
 
