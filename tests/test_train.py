@@ -117,7 +117,7 @@ def test_cli_runs_the_cpu_tier_end_to_end(tmp_path):
                      "--results", str(tmp_path / "results")])
     result = json.loads((tmp_path / "results" / "mqar_cpu.json").read_text())
     assert [j["model_name"] for j in result["jobs"]] == list(experiment.MODELS)
-    assert len(result["best"]) == len(experiment.MODELS)
+    assert len(result["best"]) == len(experiment.MODELS) and "gate" in result and "verdicts" in result
     assert result["command"].startswith("python -m loglin_edu.experiments.mqar --tier cpu")
     assert {"device", "commit", "date"} <= result.keys() and "torch" in result["versions"]
     for job in result["jobs"]:
@@ -132,6 +132,95 @@ def test_tier_backend_reaches_the_layers():
     assert experiment.model_config(tier, "gated_deltanet", 32).mixer_options["backend"] == "torch"  # no kernel
     with pytest.raises(ValueError, match="backend must be"):
         experiment.mixer_options("mamba2", 32, 8, "triton")
+
+
+def final_line(seed, lr, validation, test):
+    return dict(seed=seed, lr=lr, step=10, accuracy=test, query_accuracy=test, accuracy_by_set={"pairs=2": test},
+                accuracy_by_level={"3": test}, validation=dict(accuracy=validation, query_accuracy=validation,
+                                                                accuracy_by_set={"pairs=2": validation}))
+
+
+def job_record(model, width, lines):
+    members = [dict(seed=line["seed"], lr=line["lr"]) for line in lines]
+    return dict(name=f"{model}-d{width}", model_name=model, width=width, members=members, final=lines, complete=True)
+
+
+def test_validation_and_test_share_no_sequence_with_earlier_splits():
+    """A tiny MQAR (T = 4, one pair, 8 tokens: 96 possible sequences) repeats itself: the held-out splits keep
+    only sequences never seen in an earlier split; on the GPU tier's setting nothing is dropped."""
+    spec = experiment.TaskSpec("mqar", seq_len=4, vocab_size=8, sizes=(1,), train_examples=40, validation_examples=30,
+                               test_examples=30)
+    train_sets, validation, test = experiment.make_sets(spec)
+    seen = {tuple(row) for row in train_sets[0].inputs.tolist()}
+    held = [tuple(row) for row in validation["pairs=1"].inputs.tolist()]
+    assert len(set(held)) == len(held) and not seen & set(held)
+    final = [tuple(row) for row in test["pairs=1"].inputs.tolist()]
+    assert len(set(final)) == len(final) and not (seen | set(held)) & set(final)
+    assert 0 < len(final) < 30 and 0 < len(held) < 30
+    kept = validation["pairs=1"]
+    assert torch.equal(kept.labels.gather(1, kept.query_positions), kept.answers)  # rows stay whole
+    big = experiment.make_sets(replace(experiment.TIERS["gpu/mqar"].data, sizes=(4,), train_examples=500,
+                                       validation_examples=100, test_examples=100))
+    assert len(big[1]["pairs=4"]) == len(big[2]["pairs=4"]) == 100
+
+
+def test_learning_rate_is_chosen_on_validation_not_test():
+    """The test accuracy favours the rate 1e-2, the validation accuracy 1e-3: the validation decides, and a rate
+    at the edge of a sweep of several is flagged."""
+    lines = [final_line(0, 1e-3, validation=0.8, test=0.5), final_line(0, 1e-2, validation=0.6, test=0.9),
+             final_line(0, 3e-3, validation=0.7, test=0.95)]
+    [row] = experiment.best_by_cell([job_record("mamba2", 16, lines)])
+    assert row["lr"] == 1e-3 and row["accuracy"] == 0.5 and row["validation_accuracy"] == 0.8 and row["edge"]
+    middle = [final_line(0, 1e-3, 0.1, 0.1), final_line(0, 3e-3, 0.9, 0.9), final_line(0, 1e-2, 0.2, 0.2)]
+    assert not experiment.best_by_cell([job_record("mamba2", 16, middle)])[0]["edge"]
+    untested = [dict(line, validation=None) for line in lines]
+    for line in untested:
+        del line["validation"]
+    with pytest.raises(ValueError, match="validation"):
+        experiment.best_by_cell([job_record("mamba2", 16, untested)])
+
+
+def result_with(accuracies, task="mqar"):
+    """A results record whose chosen-rate table holds ``{(model, width): [accuracy per seed]}``."""
+    best = [dict(model=m, width=w, seed=i, accuracy=a) for (m, w), accs in accuracies.items() for i, a in enumerate(accs)]
+    result = dict(best=best, widths=sorted({w for _, w in accuracies}), models=list(dict.fromkeys(m for m, _ in accuracies)),
+                  data=dict(task=task))
+    result["gate"] = experiment.transformer_gate(result)
+    return result
+
+
+def test_gate_withholds_every_verdict_when_the_transformer_fails():
+    cells = {("transformer", 16): [0.995, 0.999, 0.992], ("mamba2", 16): [0.40, 0.45, 0.42],
+             ("loglinear_mamba2", 16): [0.60, 0.62, 0.58]}
+    passed = result_with(cells)
+    assert passed["gate"]["passed"] and passed["gate"]["by_width"]["16"] == pytest.approx(0.9953, abs=1e-4)
+    [v] = experiment.verdicts(passed)
+    assert v["verdict"] == "same direction" and v["paper"]["model"] == 55.9
+    failed = result_with({**cells, ("transformer", 16): [0.995, 0.95, 0.999]})
+    assert not failed["gate"]["passed"] and experiment.verdicts(failed) is None
+    assert not result_with({k: v for k, v in cells.items() if k[0] != "transformer"})["gate"]["passed"]
+
+
+@pytest.mark.parametrize("linear, loglinear, expected", [
+    ([0.40, 0.45, 0.42], [0.60, 0.62, 0.58], "same direction"),
+    ([0.60, 0.62, 0.58], [0.40, 0.45, 0.42], "contradicted"),
+    ([0.40, 0.60, 0.50], [0.45, 0.62, 0.52], "not at this scale"),
+    ([0.01, 0.02, 0.01], [0.03, 0.03, 0.04], "not at this scale"),
+])
+def test_verdicts_follow_the_seed_spread(linear, loglinear, expected):
+    result = result_with({("transformer", 32): [1.0, 1.0, 1.0], ("mamba2", 32): linear,
+                          ("loglinear_mamba2", 32): loglinear})
+    assert experiment.verdict(result, "loglinear_mamba2", "mamba2", 32)["verdict"] == expected
+
+
+def test_a_tie_at_the_top_is_judged_as_a_tie():
+    both = {("transformer", 64): [1.0] * 3, ("gated_deltanet", 64): [0.995, 0.999, 0.993],
+            ("loglinear_gated_deltanet", 64): [0.999, 0.998, 0.997]}
+    assert experiment.verdict(result_with(both), "loglinear_gated_deltanet", "gated_deltanet", 64)["verdict"] == \
+        "same direction"
+    worse = {**both, ("loglinear_gated_deltanet", 64): [0.80, 0.82, 0.81]}
+    assert experiment.verdict(result_with(worse), "loglinear_gated_deltanet", "gated_deltanet", 64)["verdict"] == \
+        "contradicted"
 
 
 def test_compare_separates_only_beyond_the_seed_spread():

@@ -6,6 +6,6 @@ of every query and of the token that holds its answer, so a chapter can place an
 
 from .lagged import lagged_recall
 from .multiquery import mqar
-from .recall import IGNORE_INDEX, RecallSet
+from .recall import IGNORE_INDEX, RecallSet, drop_repeats
 
-__all__ = ["IGNORE_INDEX", "RecallSet", "lagged_recall", "mqar"]
+__all__ = ["IGNORE_INDEX", "RecallSet", "drop_repeats", "lagged_recall", "mqar"]

@@ -30,7 +30,7 @@ from ..layers.model import ModelConfig, build_model, count_parameters
 from .batches import batch_rows, gather_batch
 from .checkpoint import append_log, keep_log_until, load_checkpoint, save_atomic
 from .ensemble import Ensemble, Member
-from .evaluate import autocast, evaluate
+from .evaluate import autocast, evaluate, level_scales_at_queries
 from .schedule import lr_factor, make_optimizer, set_learning_rates
 
 
@@ -134,9 +134,23 @@ def training_step(run: Run, train_sets: list[RecallSet], per_set: int, config: T
     return losses.detach()
 
 
-def evaluation(run: Run, test_sets: dict[str, RecallSet], config: TrainConfig, name: str) -> list[dict[str, Any]]:
-    """Evaluate every member at the current step, log one line per member and reset the running loss."""
+def evaluation(run: Run, test_sets: dict[str, RecallSet], config: TrainConfig, name: str,
+               validation_sets: dict[str, RecallSet] | None = None, final: bool = False) -> list[dict[str, Any]]:
+    """Evaluate every member at the current step on the test sets (and the validation sets, under
+    ``"validation"``), log one line per member and reset the running loss. ``final``: also record the λ each
+    member's log-linear layers give the levels (:func:`~loglin_edu.train.evaluate.level_scales_at_queries`,
+    on the last test set)."""
     results = evaluate(run.ensemble, test_sets, config.eval_batch_size, config.amp)
+    if validation_sets:
+        checks = evaluate(run.ensemble, validation_sets, config.eval_batch_size, config.amp)
+        for result, check in zip(results, checks):
+            result["validation"] = {k: check[k] for k in ("accuracy", "query_accuracy", "accuracy_by_set")}
+    if final:
+        last = list(test_sets.values())[-1]
+        for result, model in zip(results, run.ensemble.members):
+            scales = level_scales_at_queries(model, last)
+            if scales is not None:
+                result["level_scales"] = scales
     train_loss = (run.loss_sum / run.loss_steps).tolist()
     lines = [
         dict(run=name, member=i, seed=m.seed, lr=m.lr, step=run.step, train_loss=train_loss[i],
@@ -163,12 +177,14 @@ def train(
     progress: bool = True,
     stop_at: int | None = None,
     deadline: float | None = None,
+    validation_sets: dict[str, RecallSet] | None = None,
 ) -> dict[str, Any]:
     """Train one ensemble (module docstring) and return its record.
 
     model_config: the architecture every member shares; members: seeds and learning rates; train_sets:
     the recall sets each batch draws from (``batch_size / len(train_sets)`` rows from each); test_sets:
-    name -> set, evaluated every ``eval_every`` steps; out_dir: where ``log.jsonl`` and ``checkpoint.pt``
+    name -> set, evaluated every ``eval_every`` steps; validation_sets: name -> set, evaluated with them (under
+    ``"validation"`` in each line: what model selection reads); out_dir: where ``log.jsonl`` and ``checkpoint.pt``
     go (None: nowhere, no resuming); stop_at: stop after this step as if interrupted (the checkpoint
     then lets a later call finish the run); deadline: a ``time.time()`` after which the run stops at the end
     of the step it is in, evaluates there and checkpoints (``complete`` False: a budget ran out). Returns
@@ -181,6 +197,7 @@ def train(
     per_set = config.batch_size // len(train_sets)
     train_sets = [s.to(device) for s in train_sets]
     test_sets = {n: s.to(device) for n, s in test_sets.items()}
+    validation_sets = {n: s.to(device) for n, s in (validation_sets or {}).items()}
     run = start_run(model_config, members, config, Path(out_dir) if out_dir is not None else None, device)
     start = run.step
     end = config.steps if stop_at is None else min(config.steps, stop_at)
@@ -194,7 +211,8 @@ def train(
         out_of_time = deadline is not None and time.time() >= deadline and run.step < end
         if run.step % config.eval_every == 0 or run.step == config.steps or out_of_time:
             run.seconds += time.perf_counter() - tick
-            lines = evaluation(run, test_sets, config, name)
+            lines = evaluation(run, test_sets, config, name, validation_sets,
+                               final=run.step == config.steps or out_of_time)
             bar.set_postfix(loss=f"{min(x['train_loss'] for x in lines):.3f}",
                             acc=f"{max(x['accuracy'] for x in lines):.3f}")
             tick = time.perf_counter()

@@ -20,7 +20,18 @@ Tiers (:data:`TIERS`):
 """
 
 from .jobs import assemble, run_job, run_parallel, run_tier
-from .report import best_by_cell, cell_accuracies, compare, results_record, summary_table
+from .report import (
+    best_by_cell,
+    cell_accuracies,
+    cell_summary,
+    claims,
+    compare,
+    results_record,
+    summary_table,
+    transformer_gate,
+    verdict,
+    verdicts,
+)
 from .settings import (
     LABELS,
     MODELS,
@@ -30,6 +41,7 @@ from .settings import (
     ZOOLOGY_LRS,
     TaskSpec,
     Tier,
+    base_model,
     make_sets,
     mixer_options,
     model_config,
@@ -38,6 +50,7 @@ from .settings import (
 
 __all__ = [
     "LABELS", "MODELS", "PAPER_MQAR", "PAPER_MQAR_AT_LEAST", "TIERS", "ZOOLOGY_LRS", "TaskSpec", "Tier", "assemble",
-    "best_by_cell", "cell_accuracies", "compare", "make_sets", "mixer_options", "model_config", "results_record",
-    "run_job", "run_parallel", "run_tier", "state_size", "summary_table",
+    "base_model", "best_by_cell", "cell_accuracies", "cell_summary", "claims", "compare", "make_sets", "mixer_options",
+    "model_config", "results_record", "run_job", "run_parallel", "run_tier", "state_size", "summary_table",
+    "transformer_gate", "verdict", "verdicts",
 ]

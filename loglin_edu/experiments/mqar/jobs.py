@@ -22,11 +22,12 @@ def run_job(tier: Tier, model: str, width: int, *, out_dir: Path | None, device:
             sets=None, stop_at: int | None = None, deadline: float | None = None,
             data_cache: Path | None = None) -> dict[str, Any]:
     """Train one ensemble (every seed and learning rate of ``tier``) of ``model`` at ``width``."""
-    train_sets, test_sets = sets if sets is not None else make_sets(tier.data, data_cache)
+    train_sets, validation_sets, test_sets = sets if sets is not None else make_sets(tier.data, data_cache)
     members = [Member(seed, lr) for seed in tier.seeds for lr in tier.lrs]
     config = model_config(tier, model, width)
     record = train(config, members, train_sets, test_sets, tier.train, out_dir=out_dir, name=f"{model}-d{width}",
-                   device=device, progress=progress, stop_at=stop_at, deadline=deadline)
+                   device=device, progress=progress, stop_at=stop_at, deadline=deadline,
+                   validation_sets=validation_sets)
     record.update(model_name=model, width=width, state_size=state_size(config))
     return record
 

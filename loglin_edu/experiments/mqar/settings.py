@@ -9,11 +9,18 @@ from typing import Any
 
 import torch
 
-from ...data import RecallSet, lagged_recall, mqar
+from ...data import RecallSet, drop_repeats, lagged_recall, mqar
 from ...layers.model import MIXERS, ModelConfig, make_mixer
 from ...train import TrainConfig, save_atomic
 
 MODELS = tuple(MIXERS)  # transformer, mamba2, loglinear_mamba2, gated_deltanet, loglinear_gated_deltanet
+TIED = "_tied"  # a log-linear model whose λ is one scalar per token, the same at every level (the ablation)
+
+
+def base_model(model: str) -> str:
+    """The architecture of a model name: ``"loglinear_mamba2_tied"`` -> ``"loglinear_mamba2"``."""
+    return model[: -len(TIED)] if model.endswith(TIED) else model
+
 
 LABELS = {
     "transformer": "Transformer",
@@ -48,6 +55,7 @@ class TaskSpec:
     sizes: tuple[int, ...] = (4, 8, 16, 32, 64)
     num_keys: int = 32
     train_examples: int = 20_000
+    validation_examples: int = 500
     test_examples: int = 1_000
     data_seed: int = 0
 
@@ -74,7 +82,7 @@ class Tier:
     attention_rope: bool = False
 
 
-ZOOLOGY_LRS = (1e-3, 10**-2.5, 1e-2)  # the first three of Zoology's sweep logspace(-3, -1.5, 4)
+ZOOLOGY_LRS = (1e-3, 10**-2.5, 1e-2, 10**-1.5)  # Zoology's sweep: logspace(-3, -1.5, 4)
 
 TIERS: dict[str, Tier] = {
     "cpu": Tier(
@@ -132,18 +140,21 @@ def state_size(config: ModelConfig) -> int:
     return mixer.state_size() if hasattr(mixer, "state_size") else 0
 
 
-def make_sets(spec: TaskSpec, cache: Path | None = None) -> tuple[list[RecallSet], dict[str, RecallSet]]:
-    """Training sets (one per size) and test sets (named ``pairs=P`` or ``queries=Q``), disjoint seeds.
+def make_sets(spec: TaskSpec, cache: Path | None = None) -> tuple[list[RecallSet], dict[str, RecallSet], dict[str, RecallSet]]:
+    """Training sets (one per size), validation and test sets (named ``pairs=P`` or ``queries=Q``).
 
-    cache: a file to load the sets from, or to write them to (atomically) when it does not exist yet.
+    The three splits of a size are drawn with different seeds, and a validation or test sequence identical to
+    one of an earlier split (training, then validation) is dropped: learning rates are chosen on the
+    validation sets, and the test sets answer only the final question. cache: a file to load the sets from, or
+    to write them to (atomically) when it does not exist yet.
     """
     if cache is not None and cache.exists():
         saved = torch.load(cache, weights_only=False)
         if saved["spec"] == asdict(spec):
-            return saved["train"], saved["test"]
-    train_sets, test_sets = [], {}
+            return saved["train"], saved["validation"], saved["test"]
+    train_sets, validation_sets, test_sets = [], {}, {}
     for i, size in enumerate(spec.sizes):
-        seeds = (spec.data_seed * 1000 + 2 * i, spec.data_seed * 1000 + 2 * i + 1)
+        train_seed, validation_seed, test_seed = (spec.data_seed * 1000 + 3 * i + split for split in range(3))
         if spec.task == "mqar":
             make = lambda n, s: mqar(n, spec.seq_len, size, spec.vocab_size, seed=s)  # noqa: E731
             name = f"pairs={size}"
@@ -152,9 +163,12 @@ def make_sets(spec: TaskSpec, cache: Path | None = None) -> tuple[list[RecallSet
             name = f"queries={size}"
         else:
             raise ValueError(f"task must be 'mqar' or 'lagged', got {spec.task!r}")
-        train_sets.append(make(spec.train_examples, seeds[0]))
-        test_sets[name] = make(spec.test_examples, seeds[1])
+        train = make(spec.train_examples, train_seed)
+        validation = drop_repeats(make(spec.validation_examples, validation_seed), [train])
+        train_sets.append(train)
+        validation_sets[name] = validation
+        test_sets[name] = drop_repeats(make(spec.test_examples, test_seed), [train, validation])
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        save_atomic(dict(spec=asdict(spec), train=train_sets, test=test_sets), cache)
-    return train_sets, test_sets
+        save_atomic(dict(spec=asdict(spec), train=train_sets, validation=validation_sets, test=test_sets), cache)
+    return train_sets, validation_sets, test_sets
