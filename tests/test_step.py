@@ -1,0 +1,93 @@
+"""The training step in its three modes: compiled and captured steps compute what the eager step computes."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from loglin_edu.data import mqar
+from loglin_edu.layers import MIXERS, ModelConfig
+from loglin_edu.train import Member, TrainConfig, train
+from loglin_edu.train.step import step_mode
+
+TRAIN = [mqar(64, 16, 2, 32, seed=1), mqar(64, 16, 4, 32, seed=2)]
+TEST = {"pairs=2": mqar(16, 16, 2, 32, seed=3)}
+MEMBERS = [Member(0, 3e-3), Member(1, 1e-2), Member(2, 10**-1.5)]
+STEPS = TrainConfig(steps=8, batch_size=8, warmup_steps=2, eval_every=4)
+
+
+def config(name):
+    options = dict(backend="torch", form="naive", conv_size=3, rope=False) if name == "transformer" else \
+        dict(backend="torch", chunk_size=4)
+    return ModelConfig(name, vocab_size=32, d_model=16, max_len=16, mixer_options=options)
+
+
+def trained(name, tmp_path, label, device="cpu", **modes):
+    record = train(config(name), MEMBERS, TRAIN, TEST, replace(STEPS, **modes), out_dir=tmp_path / label,
+                   progress=False, device=device)
+    weights = torch.load(tmp_path / label / "checkpoint.pt", weights_only=False, map_location="cpu")["models"]
+    return record, weights
+
+
+def assert_same_training(eager, other, rtol):
+    """Same losses at every evaluation and the same weights after the last step, to float32 rounding."""
+    (record_a, weights_a), (record_b, weights_b) = eager, other
+    losses_a = torch.tensor([line["train_loss"] for line in record_a["history"]])
+    losses_b = torch.tensor([line["train_loss"] for line in record_b["history"]])
+    assert torch.allclose(losses_a, losses_b, rtol=rtol, atol=0), (losses_a, losses_b)
+    for a, b in zip(weights_a, weights_b):
+        for key in a:
+            scale = a[key].abs().max().clamp(min=1e-6)
+            assert ((a[key] - b[key]).abs().max() / scale).item() < rtol, key
+
+
+def test_step_modes_are_named_and_graphs_need_cuda(tmp_path):
+    assert [step_mode(replace(STEPS, compile=c, graphs=g)) for c in (False, True) for g in (False, True)] == \
+        ["eager", "graphs", "compiled", "compiled+graphs"]
+    with pytest.raises(ValueError, match="CUDA"):
+        train(config("mamba2"), MEMBERS, TRAIN, TEST, replace(STEPS, graphs=True), progress=False)
+
+
+@pytest.mark.slow
+def test_compiled_step_equals_the_eager_step(tmp_path):
+    """torch.compile fuses the loss's forward and backward; after 8 steps of three members the losses and
+    weights agree with eager to float32 rounding (the Transformer: the fastest model to compile on a CPU)."""
+    torch.set_num_threads(1)
+    eager = trained("transformer", tmp_path, "eager")
+    compiled = trained("transformer", tmp_path, "compiled", compile=True)
+    assert compiled[0]["step_mode"] == "compiled" and eager[0]["step_mode"] == "eager"
+    assert_same_training(eager, compiled, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(MIXERS))
+@pytest.mark.parametrize("compile", [False, True])
+def test_captured_step_equals_the_eager_step_on_cuda(tmp_path, name, compile):
+    """The whole step recorded in a CUDA graph (after its eager steps) trains as the eager step does."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    eager = trained(name, tmp_path, "eager", device="cuda")
+    captured = trained(name, tmp_path, "captured", device="cuda", graphs=True, compile=compile)
+    assert captured[0]["capture_error"] is None
+    assert captured[0]["step_mode"] == ("compiled+graphs" if compile else "graphs")
+    assert_same_training(eager, captured, rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_a_captured_run_resumes_as_if_uninterrupted(tmp_path):
+    """Stopped after 5 steps and started again (a new capture), a captured run ends with the weights of one that
+    never stopped."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cfg = replace(STEPS, graphs=True, checkpoint_every=2)
+    straight = train(config("loglinear_mamba2"), MEMBERS, TRAIN, TEST, cfg, out_dir=tmp_path / "a", progress=False,
+                     device="cuda")
+    train(config("loglinear_mamba2"), MEMBERS, TRAIN, TEST, cfg, out_dir=tmp_path / "b", progress=False, device="cuda",
+          stop_at=5)
+    resumed = train(config("loglinear_mamba2"), MEMBERS, TRAIN, TEST, cfg, out_dir=tmp_path / "b", progress=False,
+                    device="cuda")
+    assert resumed["complete"] and straight["final"][0]["train_loss"] == pytest.approx(resumed["final"][0]["train_loss"],
+                                                                                     rel=1e-5)
+    a = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False, map_location="cpu")["models"]
+    b = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False, map_location="cpu")["models"]
+    for x, y in zip(a, b):
+        for key in x:
+            assert torch.allclose(x[key], y[key], rtol=1e-5, atol=1e-7), key
