@@ -91,3 +91,20 @@ def test_a_captured_run_resumes_as_if_uninterrupted(tmp_path):
     for x, y in zip(a, b):
         for key in x:
             assert torch.allclose(x[key], y[key], rtol=1e-5, atol=1e-7), key
+
+
+def test_step_time_benchmark_writes_its_rows(tmp_path):
+    """The benchmark's processes (one per mixer) take turns and write one row per mode, with provenance."""
+    import json
+
+    from loglin_edu.experiments.mqar import step_time
+
+    out = tmp_path / "step.json"
+    step_time.main(["--out", str(out), "--tier", "cpu", "--width", "16", "--models", "transformer", "--modes", "eager",
+                    "--train-examples", "100", "--device", "cpu"])
+    result = json.loads(out.read_text())
+    assert not result["failed"] and [(r["model"], r["mode"]) for r in result["rows"]] == [("transformer", "eager")]
+    assert result["rows"][0]["ms_per_step"] > 0 and {"commit", "device", "versions"} <= result.keys()
+    assert list(tmp_path.iterdir()) == [out]  # the processes' working files stay out of the results folder
+    assert step_time.speedups([dict(model="m", mode="eager", ms_per_step=10.0),
+                               dict(model="m", mode="graphs", ms_per_step=2.0)]) == {"m": {"graphs": 5.0}}
