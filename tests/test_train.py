@@ -239,3 +239,70 @@ def test_compare_separates_only_beyond_the_seed_spread():
 def test_paper_table_covers_every_model_and_width():
     assert set(experiment.PAPER_MQAR) == set(experiment.MODELS)
     assert all(set(v) == {16, 32, 64} for v in experiment.PAPER_MQAR.values())
+
+
+TINY = experiment.Tier(
+    data=experiment.TaskSpec("mqar", seq_len=16, vocab_size=32, sizes=(2, 4), train_examples=64, validation_examples=16,
+                             test_examples=16),
+    models=("transformer", "loglinear_mamba2"), widths=(16,), seeds=(0,), lrs=(3e-3, 1e-2), chunk_size=4,
+    train=TrainConfig(steps=6, batch_size=8, warmup_steps=2, eval_every=3, checkpoint_every=3, eval_batch_size=16),
+)
+
+
+def job_state(folder):
+    """What a job left in its folder: its results file (without wall-clock times) and its weights."""
+    record = json.loads((folder / "record.json").read_text())
+    for line in record["history"] + record["final"]:
+        line.pop("seconds")
+    for key in ("seconds", "seconds_per_step"):
+        record.pop(key)
+    return record, weights(folder)
+
+
+def test_a_resumed_job_equals_an_uninterrupted_one(tmp_path):
+    """A job stopped after step 4 (its results file then holds the evaluation of step 3) and started again writes
+    the results file and weights of a job that never stopped."""
+    sets = experiment.make_sets(TINY.data)
+    experiment.run_job(TINY, "loglinear_mamba2", 16, out_dir=tmp_path / "a", device="cpu", progress=False, sets=sets)
+    experiment.run_job(TINY, "loglinear_mamba2", 16, out_dir=tmp_path / "b", device="cpu", progress=False, sets=sets,
+                       stop_at=4)
+    stopped = json.loads((tmp_path / "b" / "record.json").read_text())
+    assert not stopped["complete"] and [h["step"] for h in stopped["history"]] == [3, 3]
+    assert "accuracy" not in stopped["history"][0] and "validation" in stopped["history"][0]  # test sets read at the end
+    experiment.run_job(TINY, "loglinear_mamba2", 16, out_dir=tmp_path / "b", device="cpu", progress=False, sets=sets)
+    (record_a, weights_a), (record_b, weights_b) = job_state(tmp_path / "a"), job_state(tmp_path / "b")
+    assert record_b["complete"] and record_a == record_b
+    assert "accuracy" in record_b["final"][0] and "level_scales" in record_b["final"][0]
+    for a, b in zip(weights_a, weights_b):
+        for key in a:
+            assert torch.equal(a[key], b[key]), key
+
+
+def test_plan_shares_the_seconds_left_by_the_summed_step_times():
+    from loglin_edu.experiments.mqar.jobs import plan_steps
+
+    assert plan_steps({"a": 0.01, "b": 0.03}, fixed_seconds=0.0, seconds_left=100.0, cap=10**6, floor=50) == 2120
+    assert plan_steps({"a": 0.01, "b": 0.03}, fixed_seconds=60.0, seconds_left=100.0, cap=10**6, floor=50) == 850
+    assert plan_steps({"a": 1.0}, fixed_seconds=0.0, seconds_left=10.0, cap=10**6, floor=50) == 50
+    assert plan_steps({"a": 1e-4}, fixed_seconds=0.0, seconds_left=100.0, cap=4000, floor=50) == 4000
+
+
+@pytest.mark.slow
+def test_a_piece_of_worker_processes_plans_trains_and_merges(tmp_path):
+    """A piece with a budget runs each job in its own process: the jobs report their step time, get one total,
+    finish it and write their results files; the merge makes one file with a record per tier. A second piece on
+    the same folder keeps the plan and finds nothing left to do."""
+    from loglin_edu.experiments.mqar.jobs import job_folder
+
+    tier = replace(TINY, train=replace(TINY.train, steps=400, warmup_steps=60, eval_every=100, checkpoint_every=None))
+    experiment.run_piece({"gpu/mqar": tier}, tmp_path, "cpu", budget_s=240)
+    plans = [json.loads((job_folder(tmp_path, ("gpu/mqar", m, 16)) / "plan.json").read_text()) for m in tier.models]
+    assert len({p["steps"] for p in plans}) == 1 and 70 <= plans[0]["steps"] <= 400
+    merged = experiment.merge({"gpu/mqar": tier}, tmp_path, device="cpu")
+    result = merged["tiers"]["gpu/mqar"]
+    assert [j["steps_done"] for j in result["jobs"]] == [plans[0]["steps"]] * 2
+    assert all(j["complete"] and j["plan"] for j in result["jobs"]) and len(result["best"]) == 2
+    assert {"commit", "date", "versions"} <= merged.keys() and "gate" in result
+    experiment.run_piece({"gpu/mqar": tier}, tmp_path, "cpu", budget_s=240)
+    again = experiment.merge({"gpu/mqar": tier}, tmp_path, device="cpu")["tiers"]["gpu/mqar"]
+    assert [j["steps_done"] for j in again["jobs"]] == [plans[0]["steps"]] * 2

@@ -112,11 +112,16 @@ def start_run(model_config: ModelConfig, members: list[Member], config: TrainCon
 
 def evaluation(run: Run, test_sets: dict[str, RecallSet], config: TrainConfig, name: str,
                validation_sets: dict[str, RecallSet] | None = None, final: bool = False) -> list[dict[str, Any]]:
-    """Evaluate every member at the current step on the test sets (and the validation sets, under
-    ``"validation"``), log one line per member and reset the running loss. ``final``: also record the λ each
-    member's log-linear layers give the levels (:func:`~loglin_edu.train.evaluate.level_scales_at_queries`,
-    on the last test set)."""
-    results = evaluate(run.ensemble, test_sets, config.eval_batch_size, config.amp)
+    """Evaluate every member at the current step, log one line per member and reset the running loss.
+
+    With validation sets, every evaluation measures them (under ``"validation"``: what model selection and the
+    learning curves read) and only the ``final`` one the test sets, which are read once; without, every
+    evaluation measures the test sets. ``final`` also records the λ each member's log-linear layers give the
+    levels (:func:`~loglin_edu.train.evaluate.level_scales_at_queries`, on the last test set).
+    """
+    M = len(run.members)
+    results = evaluate(run.ensemble, test_sets, config.eval_batch_size, config.amp) if final or not validation_sets \
+        else [{} for _ in range(M)]
     if validation_sets:
         checks = evaluate(run.ensemble, validation_sets, config.eval_batch_size, config.amp)
         for result, check in zip(results, checks):
@@ -249,7 +254,7 @@ def train(
             lines = evaluation(run, test_sets, config, name, validation_sets,
                                final=run.step == config.steps or out_of_time)
             bar.set_postfix(loss=f"{min(x['train_loss'] for x in lines):.3f}",
-                            acc=f"{max(x['accuracy'] for x in lines):.3f}")
+                            acc=f"{max(x.get('validation', x).get('accuracy', 0.0) for x in lines):.3f}")
             if on_evaluation is not None:
                 on_evaluation(record(run.step == config.steps))
             tick = time.perf_counter()

@@ -19,7 +19,7 @@ Tiers (:data:`TIERS`):
 - ``gpu``/``lagged``: lagged recall (:mod:`loglin_edu.data.lagged`) at T = 256: answers at every distance.
 """
 
-from .jobs import assemble, run_job, run_parallel, run_tier
+from .jobs import assemble, merge, run_job, run_piece, run_tier
 from .report import (
     best_by_cell,
     cell_accuracies,
@@ -50,7 +50,8 @@ from .settings import (
 
 __all__ = [
     "LABELS", "MODELS", "PAPER_MQAR", "PAPER_MQAR_AT_LEAST", "TIERS", "ZOOLOGY_LRS", "TaskSpec", "Tier", "assemble",
+    "merge", "run_piece",
     "base_model", "best_by_cell", "cell_accuracies", "cell_summary", "claims", "compare", "make_sets", "mixer_options",
-    "model_config", "results_record", "run_job", "run_parallel", "run_tier", "state_size", "summary_table",
+    "model_config", "results_record", "run_job", "run_tier", "state_size", "summary_table",
     "transformer_gate", "verdict", "verdicts",
 ]

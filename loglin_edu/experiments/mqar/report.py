@@ -22,13 +22,14 @@ LEARNED = 0.05  # below this accuracy (%/100) a model has not left the initial p
 def best_by_cell(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """For every (model, width, seed): the learning rate whose final validation accuracy is highest (ties: the
     lower rate), with its test accuracies. ``edge``: the chosen rate is the lowest or highest of a sweep of
-    several rates."""
+    several rates; ``complete``: the job reached its planned last step (else a deadline stopped it, and its
+    last evaluation is what counts). A job whose last evaluation measured no test set has no row."""
     rows = []
     for rec in records:
         rates = sorted({m["lr"] for m in rec["members"]})
         for seed in sorted({m["seed"] for m in rec["members"]}):
             finals = sorted((line for line in rec["final"] if line["seed"] == seed), key=lambda line: line["lr"])
-            if not finals:
+            if not finals or any("accuracy" not in line for line in finals):
                 continue
             if any("validation" not in line for line in finals):
                 raise ValueError(f"{rec['name']}: final evaluations without validation accuracy; a learning rate "
@@ -36,7 +37,7 @@ def best_by_cell(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             best = max(finals, key=lambda line: line["validation"]["accuracy"])  # max keeps the first of ties
             rows.append(dict(
                 model=rec["model_name"], width=rec["width"], seed=seed, lr=best["lr"], step=best["step"],
-                edge=len(rates) > 1 and best["lr"] in (rates[0], rates[-1]),
+                complete=rec["complete"], edge=len(rates) > 1 and best["lr"] in (rates[0], rates[-1]),
                 validation_accuracy=best["validation"]["accuracy"], accuracy=best["accuracy"],
                 query_accuracy=best["query_accuracy"], accuracy_by_set=best["accuracy_by_set"],
                 accuracy_by_level=best["accuracy_by_level"],
@@ -116,13 +117,18 @@ def verdict(result: dict[str, Any], model: str, baseline: str, width: int) -> di
       >= 99 % and both of ours are >= 99 %;
     - contradicted: ours is separated in the opposite direction;
     - not at this scale: anything else (within the seed spread, or neither model learned the task).
+
+    No verdict (None) when a cell is missing or the two were not trained alike (a job stopped before its last
+    step, or different numbers of steps): ``equal_training`` says which.
     """
     c = compare(result, model, baseline, width)
+    rows = [r for r in result["best"] if r["width"] == width and r["model"] in (model, baseline)]
+    equal_training = bool(rows) and all(r.get("complete", True) for r in rows) and len({r.get("step") for r in rows}) == 1
     paper = None
     if result["data"]["task"] == "mqar" and model in PAPER_MQAR and baseline in PAPER_MQAR:
         paper = dict(model=PAPER_MQAR[model][width], baseline=PAPER_MQAR[baseline][width],
                      tie=(model, width) in PAPER_MQAR_AT_LEAST and (baseline, width) in PAPER_MQAR_AT_LEAST)
-    if c["separated"] is None:
+    if c["separated"] is None or not equal_training:
         label = None
     elif paper is not None and paper["tie"]:
         label = SAME if min(c["mean"], c["baseline_mean"]) >= 100 * GATE_ACCURACY else (
@@ -131,7 +137,8 @@ def verdict(result: dict[str, Any], model: str, baseline: str, width: int) -> di
         label = NOT_AT_SCALE
     else:
         label = SAME if c["better"] else CONTRADICTED
-    return dict(claim=f"{LABELS[model]} >= {LABELS[baseline]}", width=width, paper=paper, ours=c, verdict=label)
+    return dict(claim=f"{LABELS[model]} >= {LABELS[baseline]}", model=model, baseline=baseline, width=width,
+                paper=paper, ours=c, equal_training=equal_training, verdict=label)
 
 
 def claims(result: dict[str, Any]) -> list[tuple[str, str, int]]:
@@ -162,14 +169,14 @@ def verdicts(result: dict[str, Any]) -> list[dict[str, Any]] | None:
 
 def results_record(name: str, tier: Tier, records: list[dict[str, Any]], *, device: str, seconds: float,
                    commit: str | None, command: str | None) -> dict[str, Any]:
-    """The results file of one tier: setup, provenance, every job's record, the chosen-rate table (``best``: only
-    jobs that reached their last step, see each job's ``complete``), the gate and the verdicts."""
+    """The results file of one tier: setup, provenance, every job's record, the chosen-rate table (``best``, with
+    each job's ``complete``), the gate and the verdicts."""
     result = dict(
         tier=name, **{**provenance(command, device), **({"commit": commit} if commit else {})},
         seconds=round(seconds, 1), data=asdict(tier.data), train=tier.train.to_dict(), seeds=list(tier.seeds),
         lrs=list(tier.lrs), models=list(tier.models), widths=list(tier.widths), backend=tier.backend,
         transformer=dict(conv_size=tier.attention_conv, rope=tier.attention_rope), jobs=records,
-        best=best_by_cell([r for r in records if r["complete"]]),
+        best=best_by_cell(records),
     )
     result["gate"] = transformer_gate(result)
     result["verdicts"] = verdicts(result)

@@ -86,9 +86,10 @@ ZOOLOGY_LRS = (1e-3, 10**-2.5, 1e-2, 10**-1.5)  # Zoology's sweep: logspace(-3, 
 
 TIERS: dict[str, Tier] = {
     "cpu": Tier(
-        data=TaskSpec("mqar", seq_len=32, vocab_size=64, sizes=(2, 4), train_examples=4_000, test_examples=250),
-        widths=(32,), seeds=(0,), lrs=(3e-3,), chunk_size=8,
-        train=TrainConfig(steps=400, batch_size=64, warmup_steps=30, eval_every=50, eval_batch_size=250),
+        data=TaskSpec("mqar", seq_len=16, vocab_size=32, sizes=(2, 4), train_examples=2_000, validation_examples=100,
+                      test_examples=200),
+        widths=(32,), seeds=(0,), lrs=(10**-1.5,), chunk_size=8,
+        train=TrainConfig(steps=200, batch_size=32, warmup_steps=10, eval_every=40, eval_batch_size=200),
     ),
     "gpu/mqar": Tier(
         data=TaskSpec("mqar", seq_len=256, vocab_size=8192, sizes=(4, 8, 16, 32, 64)),
