@@ -248,6 +248,32 @@ def test_log_linear_layers_add_exactly_the_lambda_parameters():
         assert small["embedding"] == big["embedding"] == 100 * 32  # the head is tied to the embedding
 
 
+@pytest.mark.parametrize("name", ["loglinear_mamba2", "loglinear_gated_deltanet"])
+def test_tied_levels_give_one_scale_per_token_and_one_projection_output_per_head(name):
+    """With ``tie_levels`` every level of a token gets the same λ, from H projection outputs instead of H·L;
+    and log-linear attention with such a λ is the linear model's output scaled by λ_t (every form)."""
+    L = le.num_levels(64)
+    tied, free = make_layer(name, tie_levels=True), make_layer(name)
+    H = tied.num_heads
+    assert count_parameters(free)["total"] - count_parameters(tied)["total"] == H * (L - 1) * (D + 1)
+    captured = []
+    hook = tied.level_scales.register_forward_hook(lambda _m, _i, out: captured.append(out))
+    tied(torch.randn(2, 21, D, dtype=torch.float64))
+    hook.remove()
+    assert captured[0].shape == (2, 21, H, L) and torch.equal(captured[0], captured[0][..., :1].expand_as(captured[0]))
+    q, k, v = torch.randn(2, 21, H, 3, dtype=torch.float64), torch.randn(2, 21, H, 3, dtype=torch.float64), \
+        torch.randn(2, 21, H, 4, dtype=torch.float64)
+    g, beta = -torch.rand(2, 21, H, dtype=torch.float64), torch.rand(2, 21, H, dtype=torch.float64)
+    gate = torch.rand(2, 21, H, 1, dtype=torch.float64)
+    if name == "loglinear_mamba2":
+        beta, linear = None, le.mamba2_attention(q, k, v, g, form="naive")
+    else:
+        linear = le.gated_deltanet_attention(q, k, v, g, beta, form="naive")
+    for form in ("naive", "recurrent", "chunkwise"):
+        out = le.loglinear_attention(q, k, v, gate.expand(-1, -1, -1, L), g, beta, form=form, chunk_size=8)
+        assert_close(out, gate * linear, what=f"{form}: tied λ against the gated linear model")
+
+
 def test_model_reads_logits_at_chosen_positions():
     model = build_model(ModelConfig("gated_deltanet", vocab_size=50, d_model=D, mlp=True), seed=3)
     tokens = torch.randint(0, 50, (3, 11))

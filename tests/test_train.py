@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from loglin_edu.data import mqar
+from loglin_edu.data import lagged_recall, mqar
 from loglin_edu.experiments import mqar as experiment
 from loglin_edu.experiments.mqar.__main__ import main as experiment_main
 from loglin_edu.experiments.mqar.jobs import tier_from_dict, tier_to_dict
@@ -90,6 +90,30 @@ def test_members_train_as_if_alone():
     alone = train(config(), MEMBERS[1:], TRAIN, TEST, cfg, progress=False)
     assert together["final"][1]["train_loss"] == pytest.approx(alone["final"][0]["train_loss"], rel=1e-5)
     assert together["final"][1]["accuracy"] == pytest.approx(alone["final"][0]["accuracy"])
+
+
+def test_level_scales_are_averaged_where_the_queries_read_them():
+    """λ by level: the mean over heads and over the queries whose bucket of that level holds keys (a loop)."""
+    from loglin_edu.layers import LevelScales, build_model
+    from loglin_edu.train.evaluate import level_scales_at_queries
+
+    model = build_model(config("loglinear_mamba2"), seed=0)
+    test = lagged_recall(6, 16, 3, 4, 32, seed=5)  # queries at many positions, so most levels are read
+    captured = []
+    hooks = [m.register_forward_hook(lambda _m, _i, out: captured.append(out)) for m in model.modules()
+             if isinstance(m, LevelScales)]
+    got = level_scales_at_queries(model, test, count=6)
+    for hook in hooks:
+        hook.remove()
+    assert len(got) == len(captured) == 2
+    for lam, means in zip(captured, got):
+        for level, mean in enumerate(means):
+            values = [lam[n, t, :, level].mean().item() for n in range(6) for t in test.query_positions[n].tolist()
+                      if level == 0 or (t >> (level - 1)) & 1]
+            assert (mean is None) == (not values)
+            if values:
+                assert mean == pytest.approx(sum(values) / len(values), rel=1e-5)
+    assert level_scales_at_queries(build_model(config("mamba2"), seed=0), test) is None
 
 
 def test_schedule_warms_up_then_decays_to_zero():
@@ -221,6 +245,20 @@ def test_a_tie_at_the_top_is_judged_as_a_tie():
     worse = {**both, ("loglinear_gated_deltanet", 64): [0.80, 0.82, 0.81]}
     assert experiment.verdict(result_with(worse), "loglinear_gated_deltanet", "gated_deltanet", 64)["verdict"] == \
         "contradicted"
+
+
+def test_the_ablation_variants_tie_the_levels_of_their_log_linear_layers():
+    tier = experiment.TIERS["gpu/mqar"]
+    assert set(experiment.MODELS) < set(tier.models) and "loglinear_mamba2_tied" in tier.models
+    config = experiment.model_config(tier, "loglinear_gated_deltanet_tied", 16)
+    assert config.mixer == "loglinear_gated_deltanet" and config.mixer_options["tie_levels"]
+    assert experiment.state_size(config) == experiment.state_size(experiment.model_config(tier, "loglinear_gated_deltanet", 16))
+    with pytest.raises(ValueError, match="variant"):
+        experiment.model_config(tier, "mamba2_tied", 16)
+    result = dict(models=["mamba2", "loglinear_mamba2", "loglinear_mamba2_tied", "transformer"], widths=[16, 32])
+    assert experiment.claims(result) == [("loglinear_mamba2", "mamba2", 16), ("loglinear_mamba2", "loglinear_mamba2_tied", 16),
+                                         ("loglinear_mamba2", "mamba2", 32), ("loglinear_mamba2", "loglinear_mamba2_tied", 32)]
+    assert experiment.TIERS["gpu/lagged"].attention_rope and not tier.attention_rope  # lagged recall asks for recency
 
 
 def test_compare_separates_only_beyond_the_seed_spread():

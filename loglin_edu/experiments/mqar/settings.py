@@ -10,11 +10,12 @@ from typing import Any
 import torch
 
 from ...data import RecallSet, drop_repeats, lagged_recall, mqar
-from ...layers.model import MIXERS, ModelConfig, make_mixer
+from ...layers.model import LOGLINEAR_MIXERS, MIXERS, ModelConfig, make_mixer
 from ...train import TrainConfig, save_atomic
 
 MODELS = tuple(MIXERS)  # transformer, mamba2, loglinear_mamba2, gated_deltanet, loglinear_gated_deltanet
 TIED = "_tied"  # a log-linear model whose λ is one scalar per token, the same at every level (the ablation)
+ABLATION = tuple(model + TIED for model in LOGLINEAR_MIXERS)
 
 
 def base_model(model: str) -> str:
@@ -28,6 +29,8 @@ LABELS = {
     "loglinear_mamba2": "log-linear Mamba-2",
     "gated_deltanet": "Gated DeltaNet",
     "loglinear_gated_deltanet": "log-linear Gated DeltaNet",
+    "loglinear_mamba2_tied": "log-linear Mamba-2, λ tied",
+    "loglinear_gated_deltanet_tied": "log-linear Gated DeltaNet, λ tied",
 }
 
 
@@ -84,6 +87,12 @@ class Tier:
 
 ZOOLOGY_LRS = (1e-3, 10**-2.5, 1e-2, 10**-1.5)  # Zoology's sweep: logspace(-3, -1.5, 4)
 
+# The GPU tiers' training: Zoology's batch is 256 sequences of a mix of lengths, ours 60 of T = 256; the total
+# steps of a run are planned from the measured step time (at most `steps`), evaluations read the validation sets
+# (the test sets once, at the end), and each step is captured in a CUDA graph.
+GPU_TRAINING = TrainConfig(steps=20_000, batch_size=60, warmup_steps=100, eval_every=250, eval_batch_size=100,
+                           checkpoint_every=250, graphs=True)
+
 TIERS: dict[str, Tier] = {
     "cpu": Tier(
         data=TaskSpec("mqar", seq_len=16, vocab_size=32, sizes=(2, 4), train_examples=2_000, validation_examples=100,
@@ -92,15 +101,13 @@ TIERS: dict[str, Tier] = {
         train=TrainConfig(steps=200, batch_size=32, warmup_steps=10, eval_every=40, eval_batch_size=200),
     ),
     "gpu/mqar": Tier(
-        data=TaskSpec("mqar", seq_len=256, vocab_size=8192, sizes=(4, 8, 16, 32, 64)),
-        lrs=ZOOLOGY_LRS,
-        train=TrainConfig(steps=4000, batch_size=60, warmup_steps=100, eval_every=250, eval_batch_size=100),
+        data=TaskSpec("mqar", seq_len=256, vocab_size=8192, sizes=(4, 8, 16, 32, 64), validation_examples=250),
+        models=MODELS + ABLATION, lrs=ZOOLOGY_LRS, train=GPU_TRAINING,
     ),
     "gpu/lagged": Tier(
         data=TaskSpec("lagged", seq_len=256, vocab_size=8192, sizes=(16,), num_keys=32, train_examples=40_000,
-                      test_examples=2_000),
-        widths=(32,), lrs=ZOOLOGY_LRS,
-        train=TrainConfig(steps=4000, batch_size=60, warmup_steps=100, eval_every=250, eval_batch_size=100),
+                      validation_examples=1_000, test_examples=2_000),
+        models=MODELS + ABLATION, widths=(32,), lrs=ZOOLOGY_LRS, train=GPU_TRAINING, attention_rope=True,
     ),
 }
 
@@ -113,11 +120,16 @@ def mixer_options(model: str, width: int, chunk_size: int, backend: str = "torch
     attention, RoPE when ``attention_rope``, the dense form (T <= 256).
     Mamba-2 (both): expand 2, heads of width 16, state width N = 16, one group.
     Gated DeltaNet (both): 2 heads, key width ``width / 2``, value width ``width``.
+    ``<log-linear model>_tied``: the same layer with one λ per token for every level (``tie_levels=True``).
     backend: ``"torch"`` (the PyTorch forms) or ``"auto"`` (the Triton kernel where a layer has one and the
     tensors are on CUDA: log-linear Mamba-2); the other layers run their PyTorch forms either way.
     """
     if backend not in ("torch", "auto"):
         raise ValueError(f"backend must be 'torch' or 'auto', got {backend!r}")
+    if model != base_model(model):
+        if base_model(model) not in LOGLINEAR_MIXERS:
+            raise ValueError(f"only log-linear models have a '{TIED}' variant, got {model!r}")
+        return {**mixer_options(base_model(model), width, chunk_size, backend), "tie_levels": True}
     if model == "transformer":
         return dict(num_heads=1, conv_size=attention_conv, rope=attention_rope, backend="torch", form="naive")
     if model in ("mamba2", "loglinear_mamba2"):
@@ -128,7 +140,7 @@ def mixer_options(model: str, width: int, chunk_size: int, backend: str = "torch
 def model_config(tier: Tier, model: str, width: int) -> ModelConfig:
     """The :class:`~loglin_edu.layers.ModelConfig` of ``model`` at ``width`` in ``tier``."""
     return ModelConfig(
-        model, vocab_size=tier.data.vocab_size, d_model=width, n_layers=tier.n_layers, max_len=tier.data.seq_len,
+        base_model(model), vocab_size=tier.data.vocab_size, d_model=width, n_layers=tier.n_layers, max_len=tier.data.seq_len,
         mixer_options=mixer_options(model, width, tier.chunk_size, tier.backend, tier.attention_conv,
                                     tier.attention_rope),
     )
