@@ -108,3 +108,22 @@ def test_step_time_benchmark_writes_its_rows(tmp_path):
     assert list(tmp_path.iterdir()) == [out]  # the processes' working files stay out of the results folder
     assert step_time.speedups([dict(model="m", mode="eager", ms_per_step=10.0),
                                dict(model="m", mode="graphs", ms_per_step=2.0)]) == {"m": {"graphs": 5.0}}
+
+
+@pytest.mark.gpu
+def test_a_run_resumed_in_another_step_mode_trains_on(tmp_path):
+    """Stopped in eager mode and resumed with its step captured (as a later piece may choose), a run ends where an
+    eager run that never stopped ends, to float32 rounding."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cfg = replace(STEPS, checkpoint_every=2)
+    train(config("gated_deltanet"), MEMBERS, TRAIN, TEST, cfg, out_dir=tmp_path / "a", progress=False, device="cuda")
+    train(config("gated_deltanet"), MEMBERS, TRAIN, TEST, cfg, out_dir=tmp_path / "b", progress=False, device="cuda",
+          stop_at=5)
+    resumed = train(config("gated_deltanet"), MEMBERS, TRAIN, TEST, replace(cfg, graphs=True), out_dir=tmp_path / "b",
+                    progress=False, device="cuda")
+    assert resumed["complete"] and resumed["step_mode"] == "graphs" and resumed["capture_error"] is None
+    a = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False, map_location="cpu")["models"]
+    b = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False, map_location="cpu")["models"]
+    for x, y in zip(a, b):
+        for key in x:
+            assert torch.allclose(x[key], y[key], rtol=1e-4, atol=1e-6), key

@@ -87,6 +87,17 @@ class Run:
                              loss_steps=self.loss_steps), self.checkpoint_path)
 
 
+def follow_step_mode(optimizer: torch.optim.Optimizer, capturable: bool) -> None:
+    """A checkpoint written in another step mode: its groups' ``capturable`` flag and step counts (on the device
+    for a captured step, on the CPU otherwise) follow this run's mode."""
+    for group in optimizer.param_groups:
+        group["capturable"] = capturable
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            if "step" in state:
+                state["step"] = state["step"].to(p.device if capturable else "cpu", torch.float32)
+
+
 def start_run(model_config: ModelConfig, members: list[Member], config: TrainConfig, out: Path | None,
               device: torch.device) -> Run:
     """A new run, or the one whose checkpoint is in ``out`` (a checkpoint of another run is refused)."""
@@ -102,6 +113,7 @@ def start_run(model_config: ModelConfig, members: list[Member], config: TrainCon
         for model, weights in zip(ensemble.members, state["models"]):
             model.load_state_dict(weights)
         optimizer.load_state_dict(state["optimizer"])
+        follow_step_mode(optimizer, config.graphs)
         run.step, run.seconds = state["step"], state["seconds"]
         run.loss_sum, run.loss_steps = state["loss_sum"], state["loss_steps"]
         run.history = keep_log_until(run.log_path, run.step)

@@ -84,7 +84,7 @@ class TrainingStep:
         self.rows = [torch.zeros(M, per_set, dtype=torch.long, device=self.device) for _ in train_sets]
         if config.graphs:  # every group reads its learning rate from one device buffer
             groups = run.optimizer.param_groups
-            self.base_lrs = torch.tensor([g["base_lr"] for g in groups], dtype=torch.float32, device=self.device)
+            self.base_lrs = torch.tensor([g["base_lr"] for g in groups], dtype=torch.float64)
             self.lrs = torch.zeros(len(groups), dtype=torch.float32, device=self.device)
             for i, group in enumerate(groups):
                 group["lr"] = self.lrs[i]
@@ -106,7 +106,7 @@ class TrainingStep:
         self.prepared = dict(first=step, total=self.config.steps, factors=factors,
                              rows=[(r.pin_memory() if pin else r).to(self.device, non_blocking=True) for r in rows])
         if self.config.graphs:
-            lrs = (factors[:, None] * self.base_lrs.cpu().double()[None]).float()  # [W, groups]
+            lrs = (factors[:, None] * self.base_lrs[None]).float()  # [W, groups]
             self.prepared["lrs"] = (lrs.pin_memory()).to(self.device, non_blocking=True)
 
     def load_inputs(self, step: int) -> None:
