@@ -14,12 +14,22 @@ from __future__ import annotations
 import inspect
 from typing import Callable
 
-from . import ch01_softmax, ch02_linear, ch03_gated, ch04_fenwick, ch05_hmatrix, ch06_loglinear, ch07_chunk_scan
+from . import (
+    ch01_softmax,
+    ch02_linear,
+    ch03_gated,
+    ch04_fenwick,
+    ch05_hmatrix,
+    ch06_loglinear,
+    ch07_chunk_scan,
+    ch11_recall,
+)
 from .checking import Exercise, Report, run
 
 EXERCISES: dict[str, Exercise] = {
     ex.name: ex
-    for module in (ch01_softmax, ch02_linear, ch03_gated, ch04_fenwick, ch05_hmatrix, ch06_loglinear, ch07_chunk_scan)
+    for module in (ch01_softmax, ch02_linear, ch03_gated, ch04_fenwick, ch05_hmatrix, ch06_loglinear, ch07_chunk_scan,
+                   ch11_recall)
     for ex in module.EXERCISES
 }
 
