@@ -13,7 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ...provenance import provenance
-from .settings import LABELS, PAPER_MQAR, PAPER_MQAR_AT_LEAST, Tier, base_model
+from .settings import LABELS, PAPER_MQAR, PAPER_MQAR_AT_LEAST, ZOOLOGY_SEQUENCES, Tier, base_model
 
 GATE_ACCURACY = 0.99
 LEARNED = 0.05  # below this accuracy (%/100) a model has not left the initial plateau
@@ -69,6 +69,47 @@ def cell_summary(result: dict[str, Any], model: str, width: int) -> dict[str, An
     return dict(model=model, width=width, seeds=len(rows), mean=mean, std=std, query_mean=query_mean,
                 query_std=query_std, by_set={s: mean_std([100 * r["accuracy_by_set"][s] for r in rows]) for s in sets},
                 lrs=[r["lr"] for r in rows], edges=sum(r["edge"] for r in rows))
+
+
+def validation_curve(result: dict[str, Any], model: str, width: int) -> tuple[list[int], list[float]]:
+    """Learning curve of a cell: at every evaluation, the validation accuracy (%) averaged over seeds, each seed at
+    the learning rate finally chosen for it."""
+    chosen = {r["seed"]: r["lr"] for r in result["best"] if r["model"] == model and r["width"] == width}
+    job = next((j for j in result["jobs"] if j["model_name"] == model and j["width"] == width), None)
+    if job is None or not chosen:
+        return [], []
+    lines = [h for h in job["history"] if chosen.get(h["seed"]) == h["lr"] and "validation" in h]
+    steps = sorted({h["step"] for h in lines})
+    means = [100 * sum(h["validation"]["accuracy"] for h in lines if h["step"] == s) /
+             sum(1 for h in lines if h["step"] == s) for s in steps]
+    return steps, means
+
+
+def level_scales_by_level(result: dict[str, Any], model: str, width: int) -> list[list[float | None]] | None:
+    """The λ a log-linear cell gives each level at the query positions (per layer, per level), averaged over its
+    seeds at their chosen rates; None for a model without log-linear layers."""
+    rows = [r["level_scales"] for r in result["best"]
+            if r["model"] == model and r["width"] == width and "level_scales" in r]
+    if not rows:
+        return None
+    out = []
+    for layer in range(len(rows[0])):
+        per_level = zip(*(r[layer] for r in rows))
+        out.append([None if any(v is None for v in vs) else sum(vs) / len(vs) for vs in per_level])
+    return out
+
+
+def training_scale(result: dict[str, Any]) -> dict[str, Any]:
+    """How much a run trained: steps done (fewest and most over jobs), sequences per model, the fraction of
+    Zoology's training that is, seeds, rates, and the jobs that stopped before their planned last step."""
+    done = [j["steps_done"] for j in result["jobs"] if j.get("steps_done")]
+    batch = result["train"]["batch_size"]
+    most = max(done, default=0)
+    return dict(steps_min=min(done, default=0), steps_max=most, batch_size=batch, sequences=most * batch,
+                zoology_sequences=ZOOLOGY_SEQUENCES, zoology_fraction=most * batch / ZOOLOGY_SEQUENCES,
+                seeds=len(result["seeds"]), lrs=result["lrs"], widths=result["widths"],
+                jobs=len(result["jobs"]), incomplete=[j["name"] for j in result["jobs"] if not j["complete"]],
+                edge_choices=sum(r["edge"] for r in result["best"]), choices=len(result["best"]))
 
 
 def compare(result: dict[str, Any], model: str, baseline: str, width: int) -> dict[str, Any]:

@@ -86,6 +86,9 @@ class Tier:
 
 
 ZOOLOGY_LRS = (1e-3, 10**-2.5, 1e-2, 10**-1.5)  # Zoology's sweep: logspace(-3, -1.5, 4)
+# Sequences one Zoology MQAR model trains on, as reported (PAPER.md §6): a mix of about 180,000 sequences
+# (T = 64 to 256), 32 epochs or more at batch 256.
+ZOOLOGY_SEQUENCES = 5_800_000
 
 # The GPU tiers' training: Zoology's batch is 256 sequences of a mix of lengths, ours 60 of T = 256; the total
 # steps of a run are planned from the measured step time (at most `steps`), evaluations read the validation sets
