@@ -178,7 +178,7 @@ def verdict(result: dict[str, Any], model: str, baseline: str, width: int) -> di
         label = NOT_AT_SCALE
     else:
         label = SAME if c["better"] else CONTRADICTED
-    return dict(claim=f"{LABELS[model]} >= {LABELS[baseline]}", model=model, baseline=baseline, width=width,
+    return dict(claim=f"{LABELS[model]} ≥ {LABELS[baseline]}", model=model, baseline=baseline, width=width,
                 paper=paper, ours=c, equal_training=equal_training, verdict=label)
 
 
