@@ -319,8 +319,8 @@ def test_a_resumed_job_equals_an_uninterrupted_one(tmp_path):
 def test_plan_shares_the_seconds_left_by_the_summed_step_times():
     from loglin_edu.experiments.mqar.jobs import plan_steps
 
-    assert plan_steps({"a": 0.01, "b": 0.03}, fixed_seconds=0.0, seconds_left=100.0, cap=10**6, floor=50) == 2120
-    assert plan_steps({"a": 0.01, "b": 0.03}, fixed_seconds=60.0, seconds_left=100.0, cap=10**6, floor=50) == 850
+    assert plan_steps({"a": 0.01, "b": 0.03}, fixed_seconds=0.0, seconds_left=100.0, cap=10**6, floor=50) == 1870
+    assert plan_steps({"a": 0.01, "b": 0.03}, fixed_seconds=60.0, seconds_left=100.0, cap=10**6, floor=50) == 750
     assert plan_steps({"a": 1.0}, fixed_seconds=0.0, seconds_left=10.0, cap=10**6, floor=50) == 50
     assert plan_steps({"a": 1e-4}, fixed_seconds=0.0, seconds_left=100.0, cap=4000, floor=50) == 4000
 

@@ -13,7 +13,7 @@ stops at the piece's deadline (evaluating there and checkpointing) unless it fin
 steps are not fixed yet is planned: it reports its measured step time after its first steps (still in the
 warm-up, whose schedule does not depend on the total), and the piece gives every new job the same total
 
-    steps = ⌊ 0.85 · (seconds left) / Σ_jobs (seconds per step of job j) ⌋
+    steps = ⌊ 0.75 · (seconds left) / Σ_jobs (seconds per step of job j) ⌋
 
 — the jobs share one device, so a step of all of them costs about the sum of their step times. The plan is kept
 in the job's folder: a later piece on the same folder continues toward the same total. A job killed at any
@@ -37,8 +37,8 @@ from ...train import Member, TrainConfig, train
 from .report import results_record
 from .settings import TaskSpec, Tier, make_sets, model_config, state_size
 
-PLAN_SHARE = 0.85  # of the seconds left, for training steps (evaluations and contention take the rest)
-FINISH_S = 25.0  # before the budget's end: the last evaluation, checkpoint and results file
+PLAN_SHARE = 0.75  # of the seconds left, for training steps (evaluations and contention take the rest)
+FINISH_S = 60.0  # before the budget's end: the jobs' last evaluations (side by side), checkpoints, results
 PLAN_WAIT_S = 0.5  # a worker's polling interval for its plan
 SLOWEST_FIRST = {"loglinear_gated_deltanet": 0, "gated_deltanet": 1, "loglinear_mamba2": 2, "mamba2": 3, "transformer": 4}
 

@@ -93,8 +93,8 @@ ZOOLOGY_SEQUENCES = 5_800_000
 # The GPU tiers' training: Zoology's batch is 256 sequences of a mix of lengths, ours 60 of T = 256; the total
 # steps of a run are planned from the measured step time (at most `steps`), evaluations read the validation sets
 # (the test sets once, at the end), and each step is captured in a CUDA graph.
-GPU_TRAINING = TrainConfig(steps=20_000, batch_size=60, warmup_steps=100, eval_every=250, eval_batch_size=100,
-                           checkpoint_every=250, graphs=True)
+GPU_TRAINING = TrainConfig(steps=20_000, batch_size=60, warmup_steps=100, eval_every=500, eval_batch_size=100,
+                           checkpoint_every=500, graphs=True)
 
 TIERS: dict[str, Tier] = {
     "cpu": Tier(

@@ -41,10 +41,12 @@ MODES = ("eager", "graphs", "compiled", "compiled+graphs")
 READY_WAIT_S = 900.0
 
 
-def benchmark_tier(tier_name: str, train_examples: int) -> Tier:
-    """The tier whose step is measured, with fewer training sequences (a step draws 60 of them) and no test."""
+def benchmark_tier(tier_name: str, train_examples: int | None) -> Tier:
+    """The tier whose step is measured, without validation and test sets (``train_examples``: training sequences
+    per set, default the tier's)."""
     tier = TIERS[tier_name]
-    data = replace(tier.data, train_examples=train_examples, validation_examples=1, test_examples=1)
+    data = replace(tier.data, train_examples=train_examples or tier.data.train_examples, validation_examples=1,
+                   test_examples=1)
     return replace(tier, data=data, train=replace(tier.train, steps=10**9))
 
 
@@ -137,9 +139,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tier", default="gpu/mqar", choices=list(TIERS), help="whose step (default: gpu/mqar)")
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--modes", default=None, help=f"comma-separated subset of {','.join(MODES)} "
-                                                      "(default: all on CUDA, eager and compiled on a CPU)")
-    parser.add_argument("--train-examples", type=int, default=2000, help="training sequences per set")
+    parser.add_argument("--modes", default=None, help=f"comma-separated subset of {','.join(MODES)} (default: "
+                                                      "eager, graphs, compiled+graphs on CUDA; eager, compiled on a CPU)")
+    parser.add_argument("--train-examples", type=int, default=None,
+                        help="training sequences per set (default: the tier's, so compiled kernels are the runs' own)")
     parser.add_argument("--device", default=None)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
@@ -148,7 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # as the experiments run
-    modes = args.modes.split(",") if args.modes else [m for m in MODES if device.type == "cuda" or "graphs" not in m]
+    default = ("eager", "graphs", "compiled+graphs") if device.type == "cuda" else ("eager", "compiled")
+    modes = args.modes.split(",") if args.modes else list(default)
     if unknown := [m for m in modes if m not in MODES]:
         parser.error(f"unknown modes {unknown}; choose from {MODES}")
     tier = benchmark_tier(args.tier, args.train_examples)
@@ -172,8 +176,9 @@ def run_workers(args: argparse.Namespace, argv: list[str] | None, modes: list[st
                "--width", str(args.width), "--modes", ",".join(modes), "--train-examples", str(args.train_examples),
                "--device", str(device), "--worker", model, "--folder", str(folder), "--count", str(len(models))]
         log = (folder / f"log-{model}.txt").open("w")
-        processes.append((model, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                                  env=dict(os.environ, OMP_NUM_THREADS="1"))))
+        threads = str(max(1, (os.cpu_count() or 1) // len(models)))  # compile workers per process
+        processes.append((model, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(
+            os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS=threads))))
     rows, failed = [], {}
     for model, process in processes:
         if process.wait() == 0 and (folder / f"rows-{model}.json").exists():
