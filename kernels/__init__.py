@@ -18,18 +18,34 @@ The ladder, one file per step, each checked against the step before and against 
 5. :mod:`~loglin_edu.kernels.step5_loglinear_mamba2` — the ``torch.autograd.Function`` behind
    ``loglinear_attention(..., form="triton")``, for any shapes and inside ``torch.func.vmap``.
 
+The delta rule (log-linear Gated DeltaNet) climbs the same ladder from step 6, its transition a matrix:
+
+6. :mod:`~loglin_edu.kernels.step6_delta_chunks` — the WY/UT factors of every chunk (``T_β``, ``W``, ``U₀``,
+   the query side, the intra-chunk block), one program per chunk.
+7. :mod:`~loglin_edu.kernels.step7_delta_levels` — the chunk levels: one walk per level and aligned block,
+   carrying the block's left half through the transitions of every chunk of its right half; the output.
+8. :mod:`~loglin_edu.kernels.step8_delta_backward` — reverse walks of the adjoints, per-chunk level
+   gradients, and the backward of the WY form.
+9. :mod:`~loglin_edu.kernels.step9_loglinear_gated_deltanet` — the ``torch.autograd.Function`` behind
+   ``loglinear_attention(..., beta=..., form="triton")``, with a vmap rule.
+
+Decoding: :mod:`~loglin_edu.kernels.decode_step` — one token of log-linear Mamba-2 for a batch in one launch
+(the binary-counter carry, the decay, the write and the read of every Fenwick level), in place on a
+:class:`~loglin_edu.decoding.FenwickCache` buffer.
+
 Shared by the steps: :mod:`~loglin_edu.kernels.tiles` (the Triton helpers: tiles in and out, the decay and
 level patterns of a chunk), :mod:`~loglin_edu.kernels.inputs` (the decay's prefix sums, prepared on the
-host) and :mod:`~loglin_edu.kernels.config` (tile widths, the precision ladder, :class:`LaunchConfig`).
+host) and :mod:`~loglin_edu.kernels.config` (tile widths, the precision ladder, :class:`LaunchConfig` and
+:class:`DeltaLaunchConfig`).
 """
 
 from __future__ import annotations
 
 import os
 
-from .config import LaunchConfig
+from .config import DeltaLaunchConfig, LaunchConfig
 
-__all__ = ["LaunchConfig", "interpreted"]
+__all__ = ["DeltaLaunchConfig", "LaunchConfig", "interpreted"]
 
 
 def interpreted() -> bool:

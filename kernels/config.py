@@ -84,6 +84,13 @@ def split_leaf(dtype: torch.dtype, precision: str = "fast") -> bool:
     return dtype in (torch.float16, torch.bfloat16) and precision != "fast"
 
 
+def partial_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Storage type of per-head (or per-block) shares of dq, dk that the host sums afterwards: the input's own
+    type for 16-bit inputs (half the traffic of the sum; each share is rounded once, and the sum of ``H``
+    shares is accumulated in fp32), the accumulator type otherwise."""
+    return dtype if dtype in (torch.float16, torch.bfloat16) else accumulator_dtype(dtype)
+
+
 def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
     """Registers accumulate in fp32 (fp64 for fp64 inputs, which only the interpreter's checks use)."""
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -115,3 +122,53 @@ class LaunchConfig:
     def group(self, heads: int) -> int:
         """The largest divisor of ``heads`` not above ``head_group``."""
         return max(d for d in range(1, min(self.head_group, heads) + 1) if heads % d == 0)
+
+
+DELTA_PRECISIONS = ("fast", "exact")
+"""How the delta-rule kernels (steps 6-9) multiply fp32 blocks in 16-bit calls (``DeltaLaunchConfig.precision``):
+``"fast"`` in tf32, ``"exact"`` in tf32x3 (about fp32 accuracy). Every intermediate they store (the WY factors,
+the level states and their gradients) is fp32 in both; the ``C × C`` triangular solve always runs in tf32x3.
+fp32 and fp64 calls multiply exactly (``"ieee"``)."""
+
+def key_tiles(K: int, widest: int = MAX_BLOCK) -> tuple[int, int]:
+    """``(BK1, BK2)``: the key dimension as a first tile of at most ``widest`` columns and a second tile for
+    the rest (``BK2 = 0``: one tile). ``K = 192`` gives ``(128, 64)``, ``K = 256`` gives ``(128, 128)``."""
+    first = min(head_block(K), widest)
+    return (first, head_block(K - first)) if K > first else (first, 0)
+
+
+def solve_precision(dtype: torch.dtype) -> str:
+    """``tl.dot`` precision of the ``C × C`` products of the WY form (the triangular solve and its
+    backward): exact for fp32/fp64, tf32x3 for 16-bit calls (a small cost: they do not grow with K or V)."""
+    return "ieee" if dtype in (torch.float32, torch.float64) else "tf32x3"
+
+
+@dataclass(frozen=True)
+class DeltaLaunchConfig:
+    """Knobs of the log-linear Gated DeltaNet kernels (steps 6-9); every value computes the same function.
+
+    key_tile: widest tile of the key dimension (``K`` up to twice this, split by :func:`key_tiles`);
+    value_tile: ``BV``, the value columns one walk program carries (``V`` is cut into tiles of it);
+    grad_value_tile: the value tile of the level gradients (step 8), at most ``value_tile``;
+    num_warps: warps per program of the per-chunk kernels; walk_warps: of the level walks (forward and
+    backward); grad_warps: of the level gradients; num_stages: software-pipelining stages of every loop
+    (1: none; more prefetch the next chunk's factors but need shared memory for each stage);
+    precision: a rung of :data:`DELTA_PRECISIONS` for fp16/bf16 calls.
+    """
+
+    key_tile: int = MAX_BLOCK
+    value_tile: int = 64
+    grad_value_tile: int = 32
+    num_warps: int = 4
+    walk_warps: int = 8
+    grad_warps: int = 8
+    num_stages: int = 1
+    precision: str = "fast"
+
+    def __post_init__(self) -> None:
+        if self.precision not in DELTA_PRECISIONS:
+            raise ValueError(f"precision must be one of {DELTA_PRECISIONS}, got {self.precision!r}")
+        for name in ("key_tile", "value_tile", "grad_value_tile"):
+            width = getattr(self, name)
+            if width < 16 or width & (width - 1):
+                raise ValueError(f"{name} must be a power of two >= 16, got {width}")

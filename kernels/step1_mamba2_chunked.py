@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .config import MAX_BLOCK, accumulator_dtype, dot_precision, head_block
+from .config import MAX_BLOCK, accumulator_dtype, dot_precision, head_block, partial_dtype
 from .inputs import chunk_decay, last_dim_contiguous, reverse_cumsum, same_strides
 from .tiles import decay_matrix, load_qk_scores, load_tile, store_tile
 
@@ -160,7 +160,7 @@ def mamba2_backward(q, k, v, gc, do, chunk_size: int = 64, num_warps: int = 4):
     """Backward of step 1: ``(dq, dk, dv, dG)`` with dq, dk shaped like q, k and
     ``dG: [B, H, N·C]`` (fp32) the gradient of the cumulative decay ``G``."""
     B, T, H, K, V, BK, BV, NV, N = _launch_shape(q, v, chunk_size)
-    dq = q.new_empty(NV, B, T, H, K, dtype=accumulator_dtype(q.dtype))
+    dq = q.new_empty(NV, B, T, H, K, dtype=partial_dtype(q.dtype))
     dk = torch.empty_like(dq)
     dv = torch.empty(B, T, H, V, device=v.device, dtype=v.dtype)
     qdq = q.new_zeros(NV, B, H, N * chunk_size, dtype=accumulator_dtype(q.dtype))
@@ -172,10 +172,13 @@ def mamba2_backward(q, k, v, gc, do, chunk_size: int = 64, num_warps: int = 4):
         dv.stride(0), dv.stride(1), dv.stride(2),
         C=chunk_size, BK=BK, BV=BV, IP=dot_precision(q.dtype), num_warps=num_warps,
     )
-    dq, dk = dq.sum(0), dk.sum(0)
+    if NV > 1:
+        dq, dk = dq.sum(0), dk.sum(0)
+    else:
+        dq, dk = dq[0], dk[0]
     if q.shape[2] == 1:
         dq, dk = dq.sum(2, keepdim=True), dk.sum(2, keepdim=True)
-    return dq.to(q.dtype), dk.to(k.dtype), dv, (qdq - kdk).sum(0)
+    return dq.to(q.dtype), dk.to(k.dtype), dv, (qdq - kdk).sum(0) if NV > 1 else qdq[0] - kdk[0]
 
 
 class Mamba2Chunked(torch.autograd.Function):

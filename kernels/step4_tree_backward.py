@@ -59,7 +59,16 @@ import triton
 import triton.language as tl
 
 from ..fenwick import num_chunk_levels
-from .config import LaunchConfig, accumulator_dtype, dot_precision, head_block, level_block, split_leaf, state_dtype
+from .config import (
+    LaunchConfig,
+    accumulator_dtype,
+    dot_precision,
+    head_block,
+    level_block,
+    partial_dtype,
+    split_leaf,
+    state_dtype,
+)
 from .tiles import (
     decay_matrix,
     fenwick_levels,
@@ -315,7 +324,7 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: in
         SPLIT_DOTS=split_dots, num_warps=config.tree_warps,
     )
     if shared:
-        dq = torch.empty(B, T, H // HG, K, device=q.device, dtype=acc)
+        dq = torch.empty(B, T, H // HG, K, device=q.device, dtype=partial_dtype(q.dtype))
         dk = torch.empty_like(dq)
     else:
         dq = grads.get("dq", torch.empty(B, T, H, K, device=q.device, dtype=q.dtype))

@@ -4,7 +4,8 @@ Every operator takes ``[B, T, H, D]`` tensors and a ``form`` that picks an algor
 operator compute the same function (:mod:`loglin_edu.ops` holds the operators and their forms). Importing this package never needs triton or a GPU.
 """
 
-from . import chunk_scan, chunking, deltanet, fenwick, ledger, linear, loglinear, masks, ops, recurrence, softmax, state
+from . import chunk_scan, chunking, decoding, deltanet, fenwick, ledger, linear, loglinear, masks, ops, recurrence, softmax, state
+from .decoding import FenwickCache
 from .fenwick import bucket, buckets, level, level_matrix, num_levels
 from .ledger import Ledger, compare_forms
 from .masks import causal_mask, decay_mask, hierarchical_mask, loglinear_mask
@@ -21,6 +22,7 @@ from .state import FenwickState
 __version__ = "0.1.0"
 
 __all__ = [
+    "FenwickCache",
     "FenwickState",
     "Ledger",
     "REFERENCE_FORMS",

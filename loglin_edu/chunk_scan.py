@@ -12,15 +12,22 @@ Cut the sequence into aligned chunks of ``C = 2^c`` tokens. Two keys of one chun
    every level is carried through its transition ``Φ_tc``.
 
 Work: ``O(T·C·(K+V))`` inside chunks plus ``O(T·K·V·log(T/C))`` for the levels.
+
+**Prefill.** After the last chunk the counter holds, carried to the last token ``T - 1``, exactly the
+token-level Fenwick states of levels ``c + m`` (``m >= 1``). The levels ``0..c`` of the decoding state
+hold keys of the last chunk itself: level ``l`` is ``Eᵀ diag(1[level(i, j) = l]) V`` over the chunk's
+tokens ``j`` (``i`` the last token's offset, ``E`` the chunk's write keys, :mod:`loglin_edu.chunking`).
+Together they are the :class:`~loglin_edu.state.FenwickState` after ``T`` tokens, ready to decode on.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .chunking import ChunkTerms, chunk_terms, split_chunks
+from .fenwick import levels_within_chunk, num_chunk_levels, num_levels, trailing_zeros
 from .layout import pad_time
-from .chunking import chunk_terms, split_chunks
-from .fenwick import levels_within_chunk, num_chunk_levels, trailing_zeros
+from .state import FenwickState
 
 
 def intra_chunk_scales(level_scales: torch.Tensor, chunk_size: int) -> torch.Tensor:
@@ -41,11 +48,13 @@ def chunk_scan(
     log_decay: torch.Tensor | None = None,
     beta: torch.Tensor | None = None,
     chunk_size: int = 64,
-) -> torch.Tensor:
+    return_state: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, FenwickState]:
     """Log-linear attention by chunk scan (module docstring), heads-first.
 
     q, k: ``[B, H, T, K]``; v: ``[B, H, T, V]``; level_scales: ``[B, H, T, L]``; log_decay, beta:
-    ``[B, H, T]`` or None. Returns ``[B, H, T, V]``.
+    ``[B, H, T]`` or None. Returns ``[B, H, T, V]``; with ``return_state=True`` also the decoding state
+    after the ``T`` tokens (a :class:`~loglin_edu.state.FenwickState` of ``[B, H, K, V]`` levels).
     """
     T = q.shape[2]
     inner = chunk_size.bit_length() - 1  # log2 C
@@ -67,5 +76,32 @@ def chunk_scan(
             read = read + lam[:, :, c, :, inner + m, None] * (terms.query[:, :, c] @ state)
         from_levels.append(read)
         levels = {m: terms.propagate(c, state) for m, state in levels.items()}
-    out = out + torch.stack(from_levels, dim=2)
-    return out.flatten(2, 3)[:, :, :T]
+    out = (out + torch.stack(from_levels, dim=2)).flatten(2, 3)[:, :, :T]
+    if not return_state:
+        return out
+    return out, state_after_prefix(terms, levels, v, chunk_size)
+
+
+def state_after_prefix(
+    terms: ChunkTerms, chunk_states: dict[int, torch.Tensor], v: torch.Tensor, chunk_size: int
+) -> FenwickState:
+    """The decoding state after the ``T`` tokens of a chunk scan (module docstring, **Prefill**).
+
+    terms: the scan's :class:`~loglin_edu.chunking.ChunkTerms`; chunk_states: chunk level ``m`` -> its
+    state ``[B, H, K, V]`` carried through the last chunk; v: ``[B, H, T, V]``. Levels ``0..log2 C``
+    come from the last chunk's own tokens, level ``log2 C + m`` is chunk level ``m``.
+    """
+    T = v.shape[2]
+    inner = chunk_size.bit_length() - 1
+    last_chunk, last_offset = divmod(T - 1, chunk_size)
+    in_chunk_level = levels_within_chunk(chunk_size, device=v.device)[last_offset]  # level(i, j), -1 for j > i
+    write_keys = terms.write_keys[:, :, last_chunk]  # E: [B, H, C, K]
+    values = split_chunks(v, chunk_size)[:, :, last_chunk]  # [B, H, C, V]
+    levels: list[torch.Tensor | None] = []
+    for lvl in range(num_levels(T)):
+        if lvl > inner:
+            levels.append(chunk_states.get(lvl - inner))
+            continue
+        tokens = in_chunk_level == lvl
+        levels.append(write_keys[:, :, tokens].transpose(-1, -2) @ values[:, :, tokens] if tokens.any() else None)
+    return FenwickState(levels, position=T)

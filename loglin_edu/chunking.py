@@ -20,6 +20,10 @@ With the delta rule, the chunk is solved in closed form by the WY/UT representat
     intra = (Γ ⊙ Q Kᵀ) T_β diag(β),   query = diag(γ) Q - (Γ ⊙ Q Kᵀ) W,
     own   = K̃ᵀ U₀,                    Φ     = γ_C I - K̃ᵀ W,              K̃ = diag(γ_C / γ) K.
 
+``own`` is linear in the values: ``own = Eᵀ V`` with the *write keys* ``E = diag(β) T_βᵀ K̃`` (``E = K̃``
+without the delta rule), so the tokens of any subset of a chunk write ``Eᵀ diag(mask) V`` — what the
+decoding state needs to split the last chunk into its Fenwick levels.
+
 All tensors here are heads-first: ``[B, H, N, C, D]``.
 """
 
@@ -37,13 +41,15 @@ from .masks import segment_sum
 class ChunkTerms:
     """Per-chunk pieces of a linear model (module docstring), ``N`` chunks of ``C`` tokens.
 
-    intra: ``[B, H, N, C, C]``; query: ``[B, H, N, C, K]``; own: ``[B, H, N, K, V]``;
-    decay: ``[B, H, N]`` (scalar transition) or ``None``; transition: ``[B, H, N, K, K]`` or ``None``.
+    intra: ``[B, H, N, C, C]``; query: ``[B, H, N, C, K]``; own: ``[B, H, N, K, V]``; write_keys:
+    ``[B, H, N, C, K]`` (``own = write_keysᵀ V``); decay: ``[B, H, N]`` (scalar transition) or ``None``;
+    transition: ``[B, H, N, K, K]`` or ``None``.
     """
 
     intra: torch.Tensor
     query: torch.Tensor
     own: torch.Tensor
+    write_keys: torch.Tensor
     decay: torch.Tensor | None = None
     transition: torch.Tensor | None = None
 
@@ -89,18 +95,20 @@ def chunk_terms(
             intra=scores,
             query=qc * g_cum.exp()[..., None],
             own=k_to_end.transpose(-1, -2) @ vc,
+            write_keys=k_to_end,
             decay=None if log_decay is None else decay_to_end,
         )
     b = split_chunks(beta, chunk_size)
     a_beta = ((b[..., None] * kc) @ kc.transpose(-1, -2)) * within  # diagonal ignored below
     eye = torch.eye(chunk_size, dtype=q.dtype, device=q.device)
     t_beta = torch.linalg.solve_triangular(a_beta, eye.expand_as(a_beta), upper=False, unitriangular=True)
-    u0 = t_beta @ (b[..., None] * vc)
+    write_keys = b[..., None] * (t_beta.transpose(-1, -2) @ k_to_end)  # E = diag(β) T_βᵀ K̃
     w = t_beta @ ((b * g_cum.exp())[..., None] * kc)
     key_eye = torch.eye(kc.shape[-1], dtype=q.dtype, device=q.device)
     return ChunkTerms(
         intra=(scores @ t_beta) * b[..., None, :],
         query=qc * g_cum.exp()[..., None] - scores @ w,
-        own=k_to_end.transpose(-1, -2) @ u0,
+        own=write_keys.transpose(-1, -2) @ vc,
+        write_keys=write_keys,
         transition=decay_to_end[..., None, None] * key_eye - k_to_end.transpose(-1, -2) @ w,
     )

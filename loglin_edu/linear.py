@@ -39,9 +39,11 @@ def recurrent_linear(
     v: torch.Tensor,
     log_decay: torch.Tensor | None = None,
     beta: torch.Tensor | None = None,
-) -> torch.Tensor:
+    return_state: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Token-by-token recurrence with one ``[B, H, K, V]`` state. q, k: ``[B, H, T, K]``; v: ``[B, H, T, V]``;
-    log_decay, beta: ``[B, H, T]`` or None. Returns ``[B, H, T, V]``.
+    log_decay, beta: ``[B, H, T]`` or None. Returns ``[B, H, T, V]``, and with ``return_state`` the final
+    state ``[B, H, K, V]``.
     """
     B, H, T, K = q.shape
     state = q.new_zeros(B, H, K, v.shape[-1])
@@ -51,7 +53,8 @@ def recurrent_linear(
         b_t = None if beta is None else beta[:, :, t]
         state = transition(state, k[:, :, t], g_t, b_t) + write(k[:, :, t], v[:, :, t], b_t)
         outputs.append(read(state, q[:, :, t]))
-    return torch.stack(outputs, dim=2)
+    out = torch.stack(outputs, dim=2)
+    return (out, state) if return_state else out
 
 
 def chunkwise_linear(
@@ -61,10 +64,13 @@ def chunkwise_linear(
     log_decay: torch.Tensor | None = None,
     beta: torch.Tensor | None = None,
     chunk_size: int = 64,
-) -> torch.Tensor:
+    return_state: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Chunkwise form: ``o = intra V + S_cᵀ query`` per chunk, ``S_{c+1} = Φ_c S_c + own_c``.
 
-    Shapes as :func:`recurrent_linear`. Cost O(T·C·(K+V) + T·K·V) (plus O(T·K²) with the delta rule).
+    Shapes as :func:`recurrent_linear` (the state after the last, zero-padded chunk is the state after
+    token ``T - 1``: padded tokens neither write nor decay). Cost O(T·C·(K+V) + T·K·V) (plus O(T·K²) with
+    the delta rule).
     """
     T = q.shape[2]
     terms = chunk_terms(q, k, v, log_decay, beta, chunk_size)
@@ -74,5 +80,5 @@ def chunkwise_linear(
     for c in range(out.shape[2]):
         from_state.append(terms.query[:, :, c] @ state)
         state = terms.propagate(c, state) + terms.own[:, :, c]
-    out = out + torch.stack(from_state, dim=2)
-    return out.flatten(2, 3)[:, :, :T]
+    out = (out + torch.stack(from_state, dim=2)).flatten(2, 3)[:, :, :T]
+    return (out, state) if return_state else out

@@ -12,8 +12,14 @@ Every operator computes ``O = (A ⊙ M) V`` of one model of the book (PAPER.md �
 
 Forms (:data:`REFERENCE_FORMS`): ``"naive"`` (dense ``T × T``), ``"recurrent"`` (token by token) and
 ``"chunkwise"`` (chunks: O(T·C) or, log-linear, O(T log T)), all in PyTorch, plus ``"triton"``: the
-Triton kernels of :mod:`loglin_edu.kernels`, for log-linear attention without the delta rule
-(log-linear Mamba-2). Whether triton can be imported is asked when a call needs it, never at import.
+Triton kernels of :mod:`loglin_edu.kernels`, for log-linear attention (log-linear Mamba-2 without
+``beta``, log-linear Gated DeltaNet with it). Whether triton can be imported is asked when a call needs
+it, never at import.
+
+With ``return_state=True`` (:func:`loglinear_attention`, :func:`mix`) a call also returns the decoding
+state after its ``T`` tokens — a prefill: the :class:`~loglin_edu.state.FenwickState` of a log-linear
+model, the ``[B, H, K, V]`` state of a linear one. Every form returns the same state; the Triton form
+builds it in PyTorch from its definition (:func:`~loglin_edu.state.prefix_state`, float32, ``O(T·K·V)``).
 
 The public operators take ``[B, T, H, D]`` tensors and check them (errors name the argument). Layers call
 :func:`mix` instead: the same dispatch without the checks, which read values (``log_decay <= 0``,
@@ -36,6 +42,7 @@ from .layout import heads_first, time_first
 from .linear import chunkwise_linear, decay_attention_matrix, recurrent_linear
 from .loglinear import naive_loglinear, recurrent_loglinear
 from .softmax import chunkwise_softmax, naive_softmax, recurrent_softmax
+from .state import FenwickState, linear_prefix_state, prefix_state
 
 REFERENCE_FORMS = ("naive", "recurrent", "chunkwise")
 KERNEL_FORM = "triton"
@@ -44,21 +51,25 @@ BACKENDS = ("auto", "torch", "triton")
 Form = Callable[..., torch.Tensor]
 
 
-def naive_linear(q, k, v, log_decay=None, beta=None) -> torch.Tensor:
+def naive_linear(q, k, v, log_decay=None, beta=None, return_state=False):
     """``((Q Kᵀ) ⊙ M^S) V`` (decay) or ``(A_delta ⊙ M^S) V`` (delta rule), heads-first. q, k: ``[B, H, T, K]``;
-    v: ``[B, H, T, V]``; log_decay, beta: ``[B, H, T]`` or None. Returns ``[B, H, T, V]``."""
+    v: ``[B, H, T, V]``; log_decay, beta: ``[B, H, T]`` or None. Returns ``[B, H, T, V]``, and with
+    ``return_state`` the state after the sequence from its definition (``[B, H, K, V]``)."""
     matrix = decay_attention_matrix(q, k, log_decay) if beta is None else delta_attention_matrix(q, k, log_decay, beta)
-    return matrix @ v
+    out = matrix @ v
+    return (out, linear_prefix_state(k, v, log_decay, beta)) if return_state else out
 
 
-LINEAR_FORMS: dict[str, Form] = {  # (q, k, v, log_decay, beta, chunk_size), heads-first
-    "naive": lambda q, k, v, g, b, chunk_size: naive_linear(q, k, v, g, b),
-    "recurrent": lambda q, k, v, g, b, chunk_size: recurrent_linear(q, k, v, g, b),
+LINEAR_FORMS: dict[str, Form] = {  # (q, k, v, log_decay, beta, chunk_size, return_state), heads-first
+    "naive": lambda q, k, v, g, b, chunk_size, return_state: naive_linear(q, k, v, g, b, return_state),
+    "recurrent": lambda q, k, v, g, b, chunk_size, return_state: recurrent_linear(q, k, v, g, b, return_state),
     "chunkwise": chunkwise_linear,
 }
-LOGLINEAR_FORMS: dict[str, Form] = {  # (q, k, v, level_scales, log_decay, beta, chunk_size), heads-first
-    "naive": lambda q, k, v, lam, g, b, chunk_size: naive_loglinear(q, k, v, lam, g, b),
-    "recurrent": lambda q, k, v, lam, g, b, chunk_size: recurrent_loglinear(q, k, v, lam, g, b),
+LOGLINEAR_FORMS: dict[str, Form] = {  # (q, k, v, level_scales, log_decay, beta, chunk_size, return_state)
+    "naive": lambda q, k, v, lam, g, b, chunk_size, return_state: naive_loglinear(q, k, v, lam, g, b, return_state),
+    "recurrent": lambda q, k, v, lam, g, b, chunk_size, return_state: recurrent_loglinear(
+        q, k, v, lam, g, b, return_state
+    ),
     "chunkwise": chunk_scan,
 }
 SOFTMAX_FORMS: dict[str, Form] = {  # (q, k, v, scale, chunk_size), heads-first
@@ -75,13 +86,14 @@ def kernels_available() -> bool:
 
 
 def kernel_computes(level_scales: bool, beta: bool) -> bool:
-    """Whether the Triton form computes this variant: log-linear attention without the delta rule."""
-    return level_scales and not beta
+    """Whether the Triton form computes this variant: log-linear attention, with or without the delta rule
+    (the linear models have no kernel of their own here)."""
+    return level_scales
 
 
 def forms(loglinear: bool = False, beta: bool = False) -> tuple[str, ...]:
     """The forms an operator offers in this installation: :data:`REFERENCE_FORMS`, and ``"triton"`` for
-    log-linear attention without ``beta`` where triton can be imported."""
+    log-linear attention where triton can be imported."""
     kernel = kernel_computes(loglinear, beta) and kernels_available()
     return REFERENCE_FORMS + ((KERNEL_FORM,) if kernel else ())
 
@@ -106,7 +118,7 @@ def resolve_backend(backend: str, x: torch.Tensor, loglinear: bool, beta: bool) 
     if backend == "auto":
         return "triton" if usable and x.is_cuda else "torch"
     if not usable:
-        why = ("the Triton kernels compute log-linear attention without the delta rule"
+        why = ("the Triton kernels compute log-linear attention only (a linear layer has none)"
                if not kernel_computes(loglinear, beta) else "triton is not installed")
         raise ValueError(f"backend='triton' is not available for this layer: {why}; use backend='torch' or 'auto'")
     return "triton"
@@ -122,31 +134,50 @@ def mix(
     *,
     form: str = "chunkwise",
     chunk_size: int = 64,
-) -> torch.Tensor:
+    return_state: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | FenwickState]:
     """``O = (A ⊙ M) V`` of a linear model (``level_scales=None``) or of its log-linear version, unchecked.
 
     q, k: ``[B, T, Hk, K]`` with ``Hk`` = H or 1 (shared by heads); v: ``[B, T, H, V]``; log_decay, beta:
     ``[B, T, H]`` or None; level_scales: ``[B, T, H, L]`` (λ) or None. form: one of :func:`forms`.
-    Returns ``[B, T, H, V]``. Under autocast the operators run in float32.
+    Returns ``[B, T, H, V]``; with ``return_state`` the pair ``(out, state)`` (module docstring). Under
+    autocast the operators run in float32.
     """
     if torch.is_autocast_enabled(q.device.type):
         with torch.autocast(q.device.type, enabled=False):
             up = [None if x is None else x.float() for x in (q, k, v, log_decay, beta, level_scales)]
-            return mix(*up, form=form, chunk_size=chunk_size)
+            return mix(*up, form=form, chunk_size=chunk_size, return_state=return_state)
     if form == KERNEL_FORM:
         if not kernel_computes(level_scales is not None, beta is not None):
-            raise ValueError("form='triton' computes log-linear attention without the delta rule: "
-                             "level_scales are needed and beta must be None")
-        from .kernels.step5_loglinear_mamba2 import loglinear_mamba2
+            raise ValueError("form='triton' computes log-linear attention: level_scales are needed")
+        if beta is None:
+            from .kernels.step5_loglinear_mamba2 import loglinear_mamba2
 
-        return loglinear_mamba2(q, k, v, level_scales, log_decay, chunk_size=chunk_size)
+            out = loglinear_mamba2(q, k, v, level_scales, log_decay, chunk_size=chunk_size)
+        else:
+            from .kernels.step9_loglinear_gated_deltanet import loglinear_gated_deltanet
+
+            out = loglinear_gated_deltanet(q, k, v, level_scales, log_decay, beta, chunk_size=chunk_size)
+        return (out, kernel_prefill_state(k, v, log_decay, beta)) if return_state else out
     H = v.shape[2]
     q, k, v = heads_first(q, H), heads_first(k, H), heads_first(v, H)
     g = None if log_decay is None else log_decay.transpose(1, 2)
     b = None if beta is None else beta.transpose(1, 2)
     if level_scales is None:
-        return time_first(LINEAR_FORMS[form](q, k, v, g, b, chunk_size))
-    return time_first(LOGLINEAR_FORMS[form](q, k, v, level_scales.transpose(1, 2), g, b, chunk_size))
+        result = LINEAR_FORMS[form](q, k, v, g, b, chunk_size, return_state)
+    else:
+        result = LOGLINEAR_FORMS[form](q, k, v, level_scales.transpose(1, 2), g, b, chunk_size, return_state)
+    return (time_first(result[0]), result[1]) if return_state else time_first(result)
+
+
+def kernel_prefill_state(k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor | None,
+                         beta: torch.Tensor | None = None) -> FenwickState:
+    """The decoding state after a Triton-form call, from its definition in float32: k ``[B, T, Hk, K]``,
+    v ``[B, T, H, V]``, log_decay, beta ``[B, T, H]`` or None (one product per level)."""
+    H = v.shape[2]
+    g = None if log_decay is None else log_decay.float().transpose(1, 2)
+    b = None if beta is None else beta.float().transpose(1, 2)
+    return prefix_state(heads_first(k.float(), H), heads_first(v.float(), H), g, b)
 
 
 def _checked(q, k, v, level_scales, log_decay, beta, form, chunk_size):
@@ -162,7 +193,7 @@ def _checked(q, k, v, level_scales, log_decay, beta, form, chunk_size):
     if form is None:
         form = default_form(q, loglinear, delta)
     if form == KERNEL_FORM and KERNEL_FORM not in forms(loglinear, delta):
-        why = "it computes log-linear attention without the delta rule" if not kernel_computes(loglinear, delta) \
+        why = "it computes log-linear attention only" if not kernel_computes(loglinear, delta) \
             else "triton is not installed"
         raise ValueError(f"form='triton' is not available here ({why}); use one of {REFERENCE_FORMS}")
     check_form(form, forms(loglinear, delta))
@@ -249,7 +280,8 @@ def loglinear_attention(
     *,
     form: str | None = None,
     chunk_size: int = 64,
-) -> torch.Tensor:
+    return_state: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, FenwickState]:
     """Log-linear attention over any linear model of the book (:mod:`loglin_edu.loglinear`).
 
     q, k: ``[B, T, H, K]`` (or ``H = 1``: shared by all heads); v: ``[B, T, H, V]``;
@@ -258,8 +290,13 @@ def loglinear_attention(
     rule). Log-linear Mamba-2 passes ``log_decay``; log-linear Gated DeltaNet passes both.
     form: one of :func:`forms`; None (the default) means ``"triton"`` for CUDA tensors of fp32/fp16/bf16
     when the kernels compute the variant, ``"chunkwise"`` otherwise. chunk_size: a power of two
-    (chunkwise and triton; triton raises it to at least 16). Returns ``[B, T, H, V]``. No scale or
-    normalisation is applied to q, k.
+    (chunkwise and triton; triton raises it to at least 16). Returns ``[B, T, H, V]``; with
+    ``return_state=True`` the pair ``(out, state)``, ``state`` the :class:`~loglin_edu.state.FenwickState`
+    after the ``T`` tokens (levels ``[B, H, K, V]``, ``position = T``; float32 for the triton form), which
+    :meth:`~loglin_edu.state.FenwickState.step` or :class:`~loglin_edu.decoding.FenwickCache` continue
+    from. No scale or normalisation is applied to q, k.
     """
     form = _checked(q, k, v, level_scales, log_decay, beta, form, chunk_size)
-    return mix(q, k, v, log_decay, beta, level_scales, form=form, chunk_size=chunk_size)
+    if not isinstance(return_state, bool):
+        raise TypeError(f"return_state must be a bool, got {type(return_state).__name__}")
+    return mix(q, k, v, log_decay, beta, level_scales, form=form, chunk_size=chunk_size, return_state=return_state)

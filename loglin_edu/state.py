@@ -12,13 +12,17 @@ of trailing zero bits of ``t``:
 3. write ``β_t k_t v_tᵀ`` into level 0.
 
 A length-T sequence never holds more than ``num_levels(T)`` levels: O(log T) memory.
+
+The state after a prefix of ``T`` tokens does not depend on the queries or on λ, only on the keys,
+values and transitions: :func:`prefix_state` builds it from the definition above; the chunk scan
+(:func:`~loglin_edu.chunk_scan.chunk_scan` with ``return_state=True``) returns it after a prefill.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .fenwick import trailing_zeros
+from .fenwick import buckets, trailing_zeros
 from .recurrence import read, transition, write
 
 
@@ -29,9 +33,9 @@ class FenwickState:
     once per token; ``position`` is the index the next token will get.
     """
 
-    def __init__(self) -> None:
-        self.levels: list[torch.Tensor | None] = []
-        self.position = 0
+    def __init__(self, levels: list[torch.Tensor | None] | None = None, position: int = 0) -> None:
+        self.levels: list[torch.Tensor | None] = [] if levels is None else list(levels)
+        self.position = position
 
     @property
     def num_states(self) -> int:
@@ -82,3 +86,60 @@ class FenwickState:
         self.levels[j + 1] = sum(merged[1:], merged[0])
         for lvl in range(j + 1):
             self.levels[lvl] = None
+
+
+def carried_keys(k: torch.Tensor, log_decay: torch.Tensor | None, beta: torch.Tensor | None) -> torch.Tensor:
+    """Every key carried to the last token: ``P_{T-1,s} β_s k_s`` with
+    ``P_{t,s} = Π_{r=s+1..t} exp(g_r) (I - β_r k_r k_rᵀ)``.
+
+    k: ``[B, H, T, K]``; log_decay, beta: ``[B, H, T]`` or None. Returns ``[B, H, T, K]``. With decay only,
+    ``P_{T-1,s} = exp(Σ_{r>s} g_r)``; with the delta rule, one ``K × K`` product per token, from the last
+    token backwards (``P_{t,s-1} = P_{t,s} · exp(g_s)(I - β_s k_s k_sᵀ)``).
+    """
+    if beta is None:
+        if log_decay is None:
+            return k
+        later = torch.cat([log_decay[..., 1:], torch.zeros_like(log_decay[..., :1])], dim=-1)
+        return k * later.flip(-1).cumsum(-1).flip(-1).exp()[..., None]  # Σ_{r=s+1..T-1} g_r
+    B, H, T, K = k.shape
+    carry = torch.eye(K, dtype=k.dtype, device=k.device).expand(B, H, K, K)  # P_{T-1,s}, starting at s = T-1
+    keys = [None] * T
+    for s in range(T - 1, -1, -1):
+        keys[s] = (carry @ (beta[:, :, s, None] * k[:, :, s])[..., None])[..., 0]  # P β_s k_s
+        carry = carry - keys[s][..., :, None] * k[:, :, s, None, :]  # P (I - β_s k_s k_sᵀ)
+        if log_decay is not None:
+            carry = carry * log_decay[:, :, s, None, None].exp()
+    return torch.stack(keys, dim=2)
+
+
+def prefix_state(
+    k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor | None = None, beta: torch.Tensor | None = None
+) -> FenwickState:
+    """The decoding state after tokens ``0..T-1``, from its definition (module docstring):
+
+        S^(l) = Σ_{s in bucket(T-1, l)} P_{T-1,s} β_s k_s v_sᵀ        (None for an empty bucket)
+
+    k: ``[B, H, T, K]``; v: ``[B, H, T, V]``; log_decay, beta: ``[B, H, T]`` or None. Returns a
+    :class:`FenwickState` at position ``T`` with ``num_levels(T)`` levels of ``[B, H, K, V]``: the state
+    :class:`FenwickState` holds after stepping through the same ``T`` tokens.
+    """
+    keys = carried_keys(k, log_decay, beta)
+    T = k.shape[2]
+    levels = [
+        keys[:, :, bucket.start : bucket.stop].transpose(-1, -2) @ v[:, :, bucket.start : bucket.stop]
+        if len(bucket) else None
+        for bucket in buckets(T - 1)
+    ]
+    return FenwickState(levels, position=T)
+
+
+def linear_prefix_state(
+    k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor | None = None, beta: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The linear model's state after tokens ``0..T-1``, from its definition: one bucket holding every key,
+
+        S_{T-1} = Σ_s P_{T-1,s} β_s k_s v_sᵀ.
+
+    k: ``[B, H, T, K]``; v: ``[B, H, T, V]``; log_decay, beta: ``[B, H, T]`` or None. Returns ``[B, H, K, V]``.
+    """
+    return carried_keys(k, log_decay, beta).transpose(-1, -2) @ v

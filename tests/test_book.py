@@ -1,6 +1,7 @@
 """The book: every chapter executes (nbmake), the book builds with -W, and a headless Chromium reads every page.
 
-Chapters are found by glob (``book/NN_*.ipynb``), so chapters added later are tested too. Each executed chapter
+Chapters are found by glob (``book/NN_*.ipynb`` and the appendices ``book/appendix_*.ipynb``), so chapters
+added later are tested too. Each executed chapter
 is stored in the book's jupyter-cache, so the build that follows reuses it instead of executing it again.
 The browser test needs Debian's ``chromium`` (``apt-get install chromium``) and the npm assets of
 ``make book-assets``; it never downloads a browser.
@@ -22,13 +23,13 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = sorted((ROOT / "book").glob("[0-9][0-9]_*.ipynb"))
-PART_ONE = [c for c in CHAPTERS if int(c.name[:2]) <= 7]
+CHAPTERS = sorted((ROOT / "book").glob("[0-9][0-9]_*.ipynb")) + sorted((ROOT / "book").glob("appendix_*.ipynb"))
+PART_ONE = [c for c in CHAPTERS if c.name[:2].isdigit() and int(c.name[:2]) <= 7]
 CACHE = ROOT / "_build" / ".jupyter_cache"
 HTML = ROOT / "_build" / "html"
 CHROMIUM = "/usr/bin/chromium"
-COLAB = "https://colab.research.google.com/github/loglin-edu/loglin-edu/blob/main/"
 EXECUTION_SECONDS: dict[str, float] = {}
+CDN_HOSTS = ("unpkg.com", "cdn.jsdelivr.net", "cdnjs.cloudflare.com", "code.jquery.com", "fonts.googleapis.com")
 
 
 def ids(paths):
@@ -37,6 +38,14 @@ def ids(paths):
 
 def config():
     return yaml.safe_load((ROOT / "_config.yml").read_text())
+
+
+REPOSITORY = config()["repository"]  # the repository's URL is set once, in _config.yml
+COLAB = (
+    "https://colab.research.google.com/github/"
+    + REPOSITORY["url"].removeprefix("https://github.com/").rstrip("/")
+    + f"/blob/{REPOSITORY['branch']}/"
+)
 
 
 # ---------------------------------------------------------------- the sources
@@ -48,6 +57,14 @@ def test_every_chapter_is_in_the_toc():
     missing = [c.stem for c in CHAPTERS if f"book/{c.stem}" not in listed]
     assert not missing, f"chapters missing from _toc.yml (they would not be built): {missing}"
     assert len(PART_ONE) == 7
+
+
+def test_chapters_install_the_package_from_the_configured_repository():
+    """The hidden setup cell of a chapter (Colab, Binder) installs from _config.yml's repository.url, nowhere else."""
+    for chapter in CHAPTERS:
+        setup = next(c for c in nbformat.read(chapter, as_version=4).cells if c.cell_type == "code")
+        urls = set(re.findall(r"git\+(https://[^\s\"'@]+)", setup.source))
+        assert urls <= {REPOSITORY["url"]}, f"{chapter.stem} installs from {urls}, not {REPOSITORY['url']}"
 
 
 def test_config_macros_are_the_package_macros():
@@ -159,14 +176,18 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-def open_page(browser, path):
-    """Load ``path`` and return (page, problems): failed, refused (4xx/5xx) and external requests."""
+def open_page(browser, path, width=1280):
+    """Load ``path`` in a window ``width`` px wide and return (page, problems): failed, refused (4xx/5xx) and
+    external requests, console errors and uncaught exceptions.
+    """
     chromium, base = browser
-    page = chromium.new_page()
+    page = chromium.new_page(viewport={"width": width, "height": 900})
     problems = []
     page.on("requestfailed", lambda r: problems.append(f"failed: {r.url} ({r.failure})"))
     page.on("response", lambda r: r.status >= 400 and problems.append(f"HTTP {r.status}: {r.url}"))
     page.on("request", lambda r: r.url.startswith((base, "data:", "blob:")) or problems.append(f"external: {r.url}"))
+    page.on("console", lambda m: m.type == "error" and problems.append(f"console error: {m.text}"))
+    page.on("pageerror", lambda e: problems.append(f"uncaught: {e}"))
     page.goto(f"{base}/{path}", wait_until="networkidle", timeout=90_000)
     page.wait_for_function("window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=60_000)
     page.evaluate("MathJax.startup.promise")
@@ -187,6 +208,12 @@ def test_page_renders_offline(browser, path):
         text = main.inner_text()
         raw = re.findall(r"\\(?:frac|sum|operatorname|level|MH|MS|bigO|begin|mathcal)\b|\$\$", text)
         assert not raw, f"raw TeX on the page: {raw[:5]}"
+        prose = page.evaluate(
+            "() => { const m = document.querySelector('main').cloneNode(true);"
+            " m.querySelectorAll('pre, code, script, style, mjx-container').forEach(e => e.remove()); return m.innerText; }"
+        )
+        dollars = re.findall(r"\$[^$\s][^$\n]{0,40}\$", prose)
+        assert not dollars, f"math left as $...$ in the prose (a glued Markdown string?): {dollars[:5]}"
         broken = page.evaluate("[...document.images].filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src.slice(0, 100))")
         assert not broken, f"images that did not load: {broken}"
         if Path(path).stem in ids(PART_ONE):
@@ -194,8 +221,9 @@ def test_page_renders_offline(browser, path):
         if Path(path).stem != "intro":
             colab = page.locator("a[href*='colab.research.google.com']").first.get_attribute("href")
             assert colab == f"{COLAB}book/{Path(path).stem}.ipynb"
-        if page.locator("script[type='application/vnd.jupyter.widget-state+json']").count():
+        if page.locator("script[type='application/vnd.jupyter.widget-view+json']").count():
             page.wait_for_selector(".widget-slider, .jupyter-widgets", timeout=15_000)
+        page.wait_for_timeout(500)  # errors logged by scripts that run after the load event
         assert not problems, problems
     finally:
         page.close()
@@ -203,7 +231,7 @@ def test_page_renders_offline(browser, path):
 
 def test_static_slider_moves_through_frames(browser):
     """A precomputed-frame player (to_jshtml) works without a kernel: moving its slider changes the frame."""
-    path = next(p for p in PAGES if "fenwick" in p)
+    path = next(p for p in PAGES if "hierarchical" in p)
     page, problems = open_page(browser, path)
     try:
         slider = page.locator("input.anim-slider").first
@@ -215,3 +243,130 @@ def test_static_slider_moves_through_frames(browser):
         assert not problems, problems
     finally:
         page.close()
+
+
+def test_built_pages_load_nothing_from_outside():
+    """No page names a CDN or loads a script, stylesheet, image or frame from another host."""
+    found = []
+    for page in sorted(HTML.rglob("*.html")):
+        html = page.read_text(encoding="utf-8")
+        found += [f"{page.relative_to(HTML)}: {host}" for host in CDN_HOSTS if host in html]
+        for tag, attr in (("script", "src"), ("link", "href"), ("img", "src"), ("iframe", "src")):
+            for url in re.findall(rf"<{tag}\b[^>]*\b{attr}=[\"']([^\"']+)", html):
+                if re.match(r"(https?:)?//", url) and not (tag == "link" and "canonical" in url):
+                    found.append(f"{page.relative_to(HTML)}: <{tag} {attr}={url}>")
+    assert not found, found[:20]
+
+
+def test_each_page_runs_each_script_once():
+    """No page loads a script file twice or repeats an inline script (a repeated ``const`` is a SyntaxError)."""
+    repeated = {}
+    for page in sorted(HTML.rglob("*.html")):
+        head = page.read_text(encoding="utf-8").split("</head>")[0]
+        scripts = re.findall(r"<script\b([^>]*)>(.*?)</script>", head, flags=re.S)
+        keys = [re.sub(r"\?v=\w+", "", attrs) + body for attrs, body in scripts if "widget-state" not in attrs]
+        twice = sorted({k[:80] for k in keys if keys.count(k) > 1})
+        if twice:
+            repeated[str(page.relative_to(HTML))] = twice
+    assert not repeated, repeated
+
+
+EXPLORERS = [("buckets", "04_"), ("masks", "05_"), ("decoding", "06_"), ("scan", "07_")]
+
+
+@pytest.mark.parametrize("kind,chapter", EXPLORERS, ids=[k for k, _ in EXPLORERS])
+def test_browser_explorer_redraws_when_a_slider_moves(browser, kind, chapter):
+    """The explorers compute in the page: moving a slider changes the picture and the sentence under it."""
+    path = next(p for p in PAGES if Path(p).name.startswith(chapter))
+    page, problems = open_page(browser, path)
+    try:
+        explorer = page.locator(f".loglin-explorer[data-explorer='{kind}'][data-ready='true']").first
+        explorer.wait_for(timeout=10_000)
+        snapshot = "e => [...e.querySelectorAll('canvas')].map(c => c.toDataURL()).concat(e.textContent)"
+        before = explorer.evaluate(snapshot)
+        slider = explorer.locator("input[type=range]").first
+        slider.evaluate(
+            "s => { s.value = Number(s.value) === Number(s.min) ? s.max : s.min; s.dispatchEvent(new Event('input')); }"
+        )
+        after = explorer.evaluate(snapshot)
+        assert after[:-1] != before[:-1], "no picture changed"
+        assert after[-1] != before[-1], "the text did not change"
+        assert not problems, problems
+    finally:
+        page.close()
+
+
+def test_widget_manager_can_typeset_with_mathjax_3(browser):
+    """The widget manager calls MathJax 2's ``MathJax.Hub.Queue``; the book's shim typesets with MathJax 3."""
+    page, problems = open_page(browser, PAGES[1])
+    try:
+        page.evaluate(
+            r"""() => { const e = document.createElement('p');
+                       e.id = 'hub-check'; e.className = 'math'; e.textContent = '\\(x^2\\)';
+                       document.querySelector('main').appendChild(e);
+                       MathJax.Hub.Queue(['Typeset', MathJax.Hub, e]); }"""
+        )
+        page.wait_for_selector("#hub-check mjx-container", timeout=10_000)
+        assert not problems, problems
+    finally:
+        page.close()
+
+
+OVERFLOW = """() => {
+  const column = document.querySelector("article.bd-article") || document.querySelector("main");
+  const columnRight = column.getBoundingClientRect().right;
+  const where = e => (e.closest("section[id]") || {id: "?"}).id;
+  const bad = [];
+  const items = document.querySelectorAll('mjx-container[display="true"], article table, main img, .loglin-explorer');
+  for (const item of items) {
+    let box = null;  // the scroll box the item lives in (itself included), if any, up to the column
+    for (let a = item; a && a !== column; a = a.parentElement) {
+      if (/(auto|scroll)/.test(getComputedStyle(a).overflowX)) { box = a; break; }
+    }
+    const rect = item.getBoundingClientRect();
+    const right = box ? box.getBoundingClientRect().right : rect.left + Math.max(rect.width, item.scrollWidth);
+    let limit = columnRight;
+    for (let a = (box || item).parentElement; a && a !== document.documentElement; a = a.parentElement) {
+      if (getComputedStyle(a).overflowX !== "visible") limit = Math.min(limit, a.getBoundingClientRect().right);
+    }
+    if (right > limit + 1) {
+      bad.push(`${item.tagName.toLowerCase()} in #${where(item)}: right edge ${Math.round(right)} > ${Math.round(limit)}`);
+    }
+  }
+  const page = document.documentElement.scrollWidth - window.innerWidth;
+  if (page > 0) {  // name what widens the page: elements past the window that no scroll box holds
+    for (const e of document.querySelectorAll("main *")) {
+      if (e.getBoundingClientRect().right <= window.innerWidth + 1) continue;
+      let held = false;
+      for (let a = e.parentElement; a && a !== document.body; a = a.parentElement) {
+        if (getComputedStyle(a).overflowX !== "visible") { held = true; break; }
+      }
+      if (!held) bad.push(`${e.tagName.toLowerCase()} in #${where(e)} reaches ${Math.round(e.getBoundingClientRect().right)} px`);
+    }
+  }
+  const wide = [...document.querySelectorAll('mjx-container[display="true"]')]
+    .filter(e => e.scrollWidth > e.clientWidth + 1).map(e => `equation in #${where(e)} scrolls`);
+  return {bad, page, wide};
+}"""
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_pages_fit_the_window(browser, width):
+    """At a phone's 390 px and a laptop's 1280 px the page never scrolls sideways, and every display equation,
+    table, image and explorer stays in its column (or scrolls inside its own box). Part I breaks its equations
+    into lines that fit even a phone's column: none of them needs scrolling."""
+    problems = {}
+    part_one = {f"book/{c.stem}.html" for c in PART_ONE}
+    for path in PAGES:
+        page, _ = open_page(browser, path, width=width)
+        try:
+            found = page.evaluate(OVERFLOW)
+            if found["page"] > 0:
+                found["bad"].append(f"the page scrolls sideways by {found['page']} px")
+            if path in part_one:
+                found["bad"] += found["wide"]
+            if found["bad"]:
+                problems[path] = found["bad"][:5]
+        finally:
+            page.close()
+    assert not problems, problems

@@ -136,6 +136,7 @@ def test_16_bit_inputs_match_float64_of_the_same_rounded_inputs(precision):
     assert not bad, f"precision={precision}: {bad}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("node_type", ["fp32 nodes", "16-bit nodes"])
 def test_decay_gradient_does_not_grow_with_T_in_16_bit(node_type, monkeypatch):
     """``d log_decay`` is a reverse cumulative sum of terms whose total cancels; unless the backward
@@ -233,11 +234,14 @@ def test_unit_level_scales_give_the_step1_mamba2_kernel():
     assert_close(out.double(), mamba2_triton(q, k, v, g, chunk_size=16).double(), rtol=2e-6, what="λ ≡ 1")
 
 
-def test_delta_rule_is_refused_with_the_forms_that_have_it():
+def test_triton_form_is_for_log_linear_attention_only():
+    """The registry offers "triton" for log-linear attention, with or without the delta rule, and not for the
+    linear models (which have no kernel of their own)."""
     q, k, v, lam, g = (x.float() for x in inputs(1, 8, 2, 2, 4, 4))
-    with pytest.raises(ValueError, match=r"form='triton'.*delta rule.*'naive', 'recurrent', 'chunkwise'"):
-        le.loglinear_attention(q, k, v, lam, g, beta=torch.rand_like(g), form="triton")
-    assert "triton" in le.ops.forms(loglinear=True) and "triton" not in le.ops.forms(loglinear=True, beta=True)
+    assert "triton" in le.ops.forms(loglinear=True) and "triton" in le.ops.forms(loglinear=True, beta=True)
+    assert "triton" not in le.ops.forms(loglinear=False)
+    with pytest.raises(ValueError, match=r"form='triton'.*log-linear attention only.*'naive', 'recurrent', 'chunkwise'"):
+        le.mamba2_attention(q, k, v, g, form="triton")
     assert le.loglinear_attention(q, k, v, lam, g).shape == v.shape  # form=None: chunkwise on the CPU
 
 

@@ -159,10 +159,10 @@ def test_model_rejects_sequences_past_max_len():
 def test_triton_backend_refuses_what_its_kernel_does_not_compute():
     q = torch.zeros(1, 4, 1, 2)
     v = torch.zeros(1, 4, 1, 2)
-    with pytest.raises(ValueError, match="level_scales are needed and beta must be None"):
-        mix(q, q, v, torch.zeros(1, 4, 1), form="triton")  # linear, no level scales
-    with pytest.raises(ValueError, match="level_scales are needed and beta must be None"):
-        mix(q, q, v, torch.zeros(1, 4, 1), torch.ones(1, 4, 1), torch.ones(1, 4, 1, 3), form="triton")
+    with pytest.raises(ValueError, match="form='triton' computes log-linear attention: level_scales are needed"):
+        mix(q, q, v, torch.zeros(1, 4, 1), form="triton")  # Mamba-2, no level scales
+    with pytest.raises(ValueError, match="form='triton' computes log-linear attention: level_scales are needed"):
+        mix(q, q, v, torch.zeros(1, 4, 1), torch.ones(1, 4, 1), form="triton")  # Gated DeltaNet, no level scales
 
 
 def test_backend_resolution():
@@ -171,10 +171,12 @@ def test_backend_resolution():
     assert resolve_backend("torch", x, loglinear=True, beta=False) == "torch"
     with pytest.raises(ValueError, match="backend must be one of"):
         resolve_backend("cuda", x, loglinear=True, beta=False)
-    with pytest.raises(ValueError, match="without the delta rule"):
-        resolve_backend("triton", x, loglinear=True, beta=True)
-    with pytest.raises(ValueError, match="without the delta rule"):
+    if KERNEL_FORM in forms(loglinear=True):
+        assert resolve_backend("triton", x, loglinear=True, beta=True) == "triton"  # log-linear Gated DeltaNet
+    with pytest.raises(ValueError, match="log-linear attention only"):
         resolve_backend("triton", x, loglinear=False, beta=False)
+    with pytest.raises(ValueError, match="log-linear attention only"):
+        resolve_backend("triton", x, loglinear=False, beta=True)
     with pytest.raises(ValueError, match="backend must be one of"):
         SoftmaxAttention(D, backend="triton")
     with pytest.raises(ValueError, match="form must be one of"):

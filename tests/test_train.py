@@ -136,6 +136,7 @@ def test_batch_size_must_split_over_the_sets():
         train(config(), MEMBERS, TRAIN, TEST, TrainConfig(steps=1, batch_size=5), progress=False)
 
 
+@pytest.mark.slow
 def test_cli_runs_the_cpu_tier_end_to_end(tmp_path):
     experiment_main(["--tier", "cpu", "--steps", "2", "--eval-every", "2", "--out", str(tmp_path), "--no-progress",
                      "--results", str(tmp_path / "results")])

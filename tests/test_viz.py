@@ -1,5 +1,12 @@
 """The book's figures: the data they draw is right (blocks, stages, binary counter), and they render."""
 
+import importlib.resources
+import json
+import re
+import shutil
+import subprocess
+import time
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -94,3 +101,126 @@ def test_matmul_flops_counts_two_per_multiply_add():
     a, b = torch.randn(3, 5), torch.randn(5, 7)
     assert viz.matmul_flops(lambda: a @ b) == 2 * 3 * 5 * 7
     assert viz.matmul_flops(lambda: a + 1) == 0
+    calls = []
+    assert viz.median_seconds(lambda: calls.append(1), repeats=5) >= 0 and len(calls) == 5
+
+
+def test_best_median_seconds_keeps_the_least_disturbed_median():
+    delays = iter([0.03, 0.03, 0.03, 0.0, 0.0, 0.0])  # a disturbed round, then a quiet one
+    calls = []
+
+    def work():
+        calls.append(1)
+        time.sleep(next(delays))
+
+    threads = torch.get_num_threads()
+    assert viz.best_median_seconds(work, repeats=3, rounds=2) < 0.02 and len(calls) == 6
+    assert torch.get_num_threads() == threads  # restored after measuring on one thread
+    with pytest.raises(ValueError, match="rounds"):
+        viz.best_median_seconds(work, rounds=0)
+
+
+# ---------------------------------------------------------------- the browser explorers' JavaScript
+
+NODE = shutil.which("node")
+EXPLORERS_JS = importlib.resources.files("loglin_edu.viz") / "explorers.js"
+
+
+def run_explorer_math(expression: str):
+    """Evaluate ``expression`` (JavaScript, with ``m`` the explorers' math) in node and return its JSON value."""
+    if NODE is None:
+        pytest.skip("node is missing (apt-get install nodejs): the explorers' JavaScript cannot be run")
+    script = (
+        "const vm = require('vm'), fs = require('fs');"
+        f"vm.runInThisContext(fs.readFileSync({json.dumps(str(EXPLORERS_JS))}, 'utf8'));"
+        f"const m = globalThis.loglinExplorers.math; process.stdout.write(JSON.stringify({expression}));"
+    )
+    done = subprocess.run([NODE, "-e", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+LENGTHS = [1, 2, 3, 7, 8, 13, 16, 33, 64]
+
+
+def test_browser_levels_and_level_counts_match_the_package():
+    tables = run_explorer_math(f"{LENGTHS}.map(T => m.levelMatrix(T))")
+    for T, table in zip(LENGTHS, tables):
+        assert torch.equal(torch.tensor(table), le.level_matrix(T)), T
+    counts = run_explorer_math("[1, 2, 3, 4, 5, 8, 9, 1024, 1025, 16384, 16385].map(T => m.numLevels(T))")
+    assert counts == [le.num_levels(T) for T in (1, 2, 3, 4, 5, 8, 9, 1024, 1025, 16384, 16385)]
+
+
+def test_browser_masks_match_the_package_masks():
+    lambdas = [1.0, 0.5, 2.0, 0.25, 1.5, 0.75, 1.25]
+    for T, g in ((13, -0.3), (33, -0.05), (64, 0.0)):
+        m_h, m_s = run_explorer_math(f"[m.hierarchicalMask({T}, {lambdas}), m.decayMask({T}, {g})]")
+        ref_h, ref_s = viz.explore.explorer_masks(T, lambdas, g)
+        torch.testing.assert_close(torch.tensor(m_h, dtype=torch.float64), ref_h, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(torch.tensor(m_s, dtype=torch.float64), ref_s, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("T,C", [(64, 8), (37, 4), (16, 16), (100, 2)])
+def test_browser_stage_table_matches_the_package(T, C):
+    assert torch.equal(torch.tensor(run_explorer_math(f"m.stageTable({T}, {C})")), viz.stage_table(T, C))
+
+
+def test_browser_decoding_state_matches_the_measured_binary_counter():
+    steps = 40
+    occupancy = viz.counter_occupancy(steps)  # measured with the package's FenwickState
+    held = run_explorer_math(
+        f"[...Array({steps}).keys()].map(t => m.decodingLevels(t, {occupancy.shape[1]}).map(k => k ? k[1] - k[0] : 0))"
+    )
+    assert np.array_equal(np.array(held), occupancy)
+    carries = run_explorer_math(f"[...Array({steps - 1}).keys()].map(i => m.carry(i + 1))")
+    for t, step in enumerate(carries, start=1):
+        before, after = occupancy[t - 1], occupancy[t]
+        grown = [lvl for lvl in range(1, len(after)) if after[lvl] and not before[lvl]]
+        assert grown == [step["into"]] and before[: step["into"]].sum() == step["keys"][1] - step["keys"][0]
+
+
+def test_browser_lowest_set_bit_strips_are_the_fenwick_buckets():
+    strips = run_explorer_math("[...Array(200).keys()].map(t => m.lssbStrips(t))")
+    for t, found in enumerate(strips):
+        expected = [(lvl, b.start, b.stop) for lvl, b in enumerate(le.buckets(t)) if lvl and len(b)]
+        assert sorted((s["level"], s["start"], s["stop"]) for s in found) == expected
+
+
+def test_browser_explorers_are_self_contained_html():
+    pages = [viz.browser.bucket_explorer(), viz.browser.mask_explorer(), viz.browser.decoding_explorer(),
+             viz.browser.scan_explorer()]
+    for page in pages:
+        html = page.data
+        assert "loglinExplorers.mount(" in html and viz.browser.explorer_script() in html
+        assert not re.search(r"""(src|href)\s*=|https?://|import\(|fetch\(""", html)  # nothing is loaded
+    assert len({re.search(r'id="([^"]+)"', p.data).group(1) for p in pages}) == len(pages)
+
+
+def test_browser_explorers_reject_bad_settings():
+    with pytest.raises(ValueError, match="query"):
+        viz.browser.bucket_explorer(seq_len=8, query=8)
+    with pytest.raises(TypeError, match="seq_len"):
+        viz.browser.decoding_explorer(seq_len=8.0)
+    with pytest.raises(ValueError, match="chunk_size"):
+        viz.browser.mask_explorer(chunk_size=3)
+    with pytest.raises(ValueError, match="lambdas"):
+        viz.browser.mask_explorer(lambdas=[1.0, 2.0])
+
+
+def test_decoding_buffer_holds_the_bucket_sizes_like_the_list_state():
+    buffer = viz.buffer_occupancy(40)
+    assert not buffer[0].any()
+    listed = viz.counter_occupancy(40)
+    assert np.array_equal(buffer[1:, : listed.shape[1]], listed)
+
+
+def test_decoding_figures_render():
+    import matplotlib.pyplot as plt
+
+    html = viz.to_html(viz.counter_animation(6)).data
+    assert html.count("data:image/png;base64") >= 1 and "http" not in html
+    rows = [dict(name=n, batch=1, context=T, step_ms=0.1 * T, state_bytes=T) for n in ("a", "b") for T in (4, 8)]
+    rows.append(dict(name="c", batch=1, context=8, skipped="too big"))
+    ax = viz.draw_decode_results({"rows": rows}, "step_ms", batch=1)
+    assert len(ax.get_lines()) == 3
+    plt.close("all")

@@ -11,53 +11,85 @@ from pathlib import Path
 import torch
 
 from ..provenance import DEFAULT_RESULTS, device_slug, provenance, write_json
-from .accuracy import ACCURACY_SHAPES, accuracy
-from .implementations import CPU_ONLY, GPU_ONLY, IMPLEMENTATIONS
+from .accuracy import ACCURACY_SHAPES, DELTA_ACCURACY_SHAPES, accuracy, delta_accuracy
+from .implementations import BY_MODEL, CPU_ONLY, GPU_ONLY
 from .measure import benchmark, precision_ladder, variants
 from .report import plot, summary_table, with_floor
-from .settings import CPU, GPU, Setting
+from .settings import MODELS, SETTINGS, Setting
+
+RESULT_PREFIX = {"loglinear_mamba2": "kernels", "gated_deltanet": "kernels_gdn"}
+
+VARIANTS = ((1, 4, 4, 4), (8, 4, 4, 4), (8, 4, 8, 4), (48, 4, 8, 4), (8, 3, 4, 8))
+"""``--variants`` without ``--configs``: (head_group, block_levels, num_warps, tree_warps) of each run."""
+DELTA_VARIANTS = ((64, 32, 8, 8, 1), (32, 32, 4, 8, 1), (64, 32, 8, 8, 2), (32, 32, 8, 4, 2), (64, 64, 8, 8, 1))
+"""``--model gated_deltanet --variants``: (value_tile, grad_value_tile, walk_warps, grad_warps, num_stages) of each run."""
 
 
 def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--decode" in argv:  # the decoding benchmark has its own options (python -m loglin_edu.bench --decode --help)
+        from .decode import main as decode_main
+
+        return decode_main([a for a in argv if a != "--decode"])
     parser = argparse.ArgumentParser(prog="python -m loglin_edu.bench", description="How fast is it: the log-linear kernels against SDPA flash, linear Mamba-2 and fla-core.")
+    parser.add_argument("--model", choices=MODELS, default="loglinear_mamba2",
+                        help="log-linear Mamba-2 (48 heads, K=128, V=64) or log-linear Gated DeltaNet (the authors' "
+                        "setting: 6 heads, K=192, V=384), against their baselines")
     parser.add_argument("--tier", choices=("gpu", "cpu"), default="gpu" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--lengths", type=int, nargs="*", help="sequence lengths (default: the tier's)")
+    parser.add_argument("--heads", type=int, help="number of heads (default: the setting's)")
+    parser.add_argument("--key", type=int, help="key width K (default: the setting's)")
+    parser.add_argument("--value", type=int, help="value width V (default: the setting's)")
     parser.add_argument("--only", nargs="*", help="implementations to run (substrings of their names)")
     parser.add_argument("--out", type=Path, help=f"results JSON (default {DEFAULT_RESULTS}/kernels_<device>.json, "
-                        "relative to the directory the command runs in)")
+                        "kernels_gdn_<device>.json for gated_deltanet, relative to the directory the command runs in)")
     parser.add_argument("--accuracy", action="store_true", help="measure errors against float64 instead of speed")
     parser.add_argument("--variants", action="store_true", help="time our kernel under several launch configurations")
+    parser.add_argument("--configs", nargs="*", metavar="G,M,W,TW",
+                        help="--variants: launch configurations as head_group,block_levels,num_warps,tree_warps "
+                        "(gated_deltanet: value_tile,grad_value_tile,walk_warps,grad_warps,num_stages)")
     parser.add_argument("--precision", action="store_true",
                         help="time and measure the errors of every rung of LaunchConfig.precision at each length")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--decode", action="store_true",
+                        help="the decoding benchmark instead (its own options: --decode --help)")
     args = parser.parse_args(argv)
 
-    s = GPU if args.tier == "gpu" else CPU
-    if args.lengths:
-        s = Setting(**{**asdict(s), "lengths": tuple(args.lengths)})
+    s = SETTINGS[args.model, args.tier]
+    overrides = {name: value for name, value in (("lengths", tuple(args.lengths or ())), ("heads", args.heads),
+                                                 ("key", args.key), ("value", args.value)) if value}
+    s = Setting(**{**asdict(s), **overrides})
+    delta = args.model == "gated_deltanet"
     device = torch.device("cuda" if args.tier == "gpu" else "cpu")
     if device.type == "cpu" and "triton" not in sys.modules:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # this program's own process: the interpreter on a CPU
-    result = provenance("python -m loglin_edu.bench " + " ".join(sys.argv[1:] if argv is None else argv), device)
+    result = provenance("python -m loglin_edu.bench " + " ".join(argv), device)
     result["setting"] = asdict(s)
     mode = "accuracy" if args.accuracy else "precision_ladder" if args.precision else "variants" if args.variants else None
-    out = args.out or DEFAULT_RESULTS / f"kernels_{mode + '_' if mode else ''}{device_slug(device)}.json"
+    prefix = RESULT_PREFIX[args.model]
+    out = args.out or DEFAULT_RESULTS / f"{prefix}_{mode + '_' if mode else ''}{device_slug(device)}.json"
     if args.accuracy:
-        shapes = ACCURACY_SHAPES if device.type == "cuda" else ((1, 40, 2, 1, 16, 16),)
+        measure_errors = delta_accuracy if delta else accuracy
+        shapes = (DELTA_ACCURACY_SHAPES if delta else ACCURACY_SHAPES) if device.type == "cuda" else ((1, 40, 2, 1, 16, 16),)
         dtypes = (torch.float32, torch.float16, torch.bfloat16) if device.type == "cuda" else (torch.float32,)
-        result["accuracy"] = [accuracy(shape, dt, device) for shape in shapes for dt in dtypes]
+        result["accuracy"] = [measure_errors(shape, dt, device) for shape in shapes for dt in dtypes]
         for r in result["accuracy"]:
             print(r["dtype"], r["shape"], {k: f"{v:.1e}" for k, v in r["errors"].items()}, flush=True)
     elif args.precision:
         result["precision"] = precision_ladder(s, s.lengths, device)
     elif args.variants:
-        from ..kernels.config import LaunchConfig
+        from ..kernels.config import DeltaLaunchConfig, LaunchConfig
 
-        configs = [LaunchConfig(head_group=g, block_levels=m, num_warps=w, tree_warps=tw)
-                   for g, m, w, tw in ((1, 4, 4, 4), (8, 4, 4, 4), (8, 4, 8, 4), (48, 4, 8, 4), (8, 3, 4, 8))]
+        if delta:
+            chosen = [tuple(int(x) for x in c.split(",")) for c in args.configs] if args.configs else DELTA_VARIANTS
+            configs = [DeltaLaunchConfig(value_tile=bv, grad_value_tile=gv, walk_warps=w, grad_warps=gw, num_stages=st)
+                       for bv, gv, w, gw, st in chosen]
+        else:
+            chosen = [tuple(int(x) for x in c.split(",")) for c in args.configs] if args.configs else VARIANTS
+            configs = [LaunchConfig(head_group=g, block_levels=m, num_warps=w, tree_warps=tw) for g, m, w, tw in chosen]
         result["variants"] = variants(s, s.lengths, configs, device)
     else:
-        names = [n for n in IMPLEMENTATIONS if n not in (GPU_ONLY if device.type == "cpu" else CPU_ONLY)]
+        names = [n for n in BY_MODEL[args.model] if n not in (GPU_ONLY if device.type == "cpu" else CPU_ONLY)]
         if args.only:
             names = [n for n in names if any(o in n for o in args.only)]
 
@@ -67,7 +99,9 @@ def main(argv=None) -> dict:
             write_json(out, result)
             row = rows[-1]
             print(f"T={row['T']:6d} {row['name']}: fwd {row.get('forward_ms', float('nan')):.2f} ms, "
-                  f"fwd+bwd {row.get('forward_backward_ms', float('nan')):.2f} ms {row.get('error', '')}", flush=True)
+                  f"fwd+bwd {row.get('forward_backward_ms', float('nan')):.2f} ms, peak "
+                  f"{row.get('peak_memory_mib', float('nan')):.0f} MiB {row.get('error', row.get('skipped', ''))}",
+                  flush=True)
 
         benchmark(s, names, device, progress=not args.quiet, on_row=save)
     write_json(out, result)

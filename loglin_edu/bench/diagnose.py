@@ -2,6 +2,8 @@
 
     python -m loglin_edu.bench.diagnose              # every case; a failing case does not stop the rest
     python -m loglin_edu.bench.diagnose case DTYPE SHARED B T H K V HEAD_GROUP
+    python -m loglin_edu.bench.diagnose delta        # the log-linear Gated DeltaNet kernels, case by case
+    python -m loglin_edu.bench.diagnose delta-case DTYPE SHARED B T H K V
     SANITIZE=1 python -m loglin_edu.bench.diagnose   # and the first failing case under compute-sanitizer
 
 An illegal memory access poisons the whole CUDA context, so each case runs in a subprocess with
@@ -65,16 +67,69 @@ def run_case(dtype: str, shared: int, B: int, T: int, H: int, K: int, V: int, gr
     return errors
 
 
+DELTA_CASES = [  # dtype, shared q/k, B, T, H, K, V
+    ("float32", 0, 2, 1000, 4, 64, 64),
+    ("bfloat16", 0, 2, 1000, 4, 64, 64),
+    ("bfloat16", 1, 3, 333, 3, 40, 24),
+    ("bfloat16", 0, 1, 2048, 2, 192, 384),
+    ("bfloat16", 0, 1, 4096, 2, 256, 256),
+]
+
+
+def run_delta_case(dtype: str, shared: int, B: int, T: int, H: int, K: int, V: int) -> list[float]:
+    """The log-linear Gated DeltaNet kernels stage by stage (steps 6, 7, 8; each stage printed as it completes);
+    returns the relative errors of o, dq, dk, dv, dλ, dβ against the float64 chunkwise form."""
+    import torch
+
+    from ..kernels.step6_delta_chunks import delta_chunks
+    from ..kernels.step7_delta_levels import level_states, loglinear_delta_forward
+    from ..kernels.step8_delta_backward import loglinear_delta_backward
+    from ..ops import loglinear_attention
+    from .accuracy import delta_accuracy_inputs, relative_error
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke test under the interpreter
+    dt = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, lam, g, beta = (x.to(device, dt) for x in delta_accuracy_inputs((B, T, H, 1 if shared else H, K, V), gen))
+
+    def stage(name, fn):
+        out = fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        print(f"  {name}: ok", flush=True)
+        return out
+
+    chunks = stage("step 6: delta_chunks", lambda: delta_chunks(q, k, v, beta, g, 64))
+    stage("step 7: level_states", lambda: level_states(k, chunks, T, V, 64))
+    o, chunks, states = stage("step 7: forward", lambda: loglinear_delta_forward(q, k, v, lam, beta, g, 64))
+    print(f"  non-finite: o {(~o.isfinite()).sum().item()}, states {(~states.isfinite()).sum().item()}", flush=True)
+    do = torch.randn(o.shape, generator=gen).to(device, dt)
+    dq, dk, dv, dlam, dbeta, _ = stage("step 8: backward",
+                                       lambda: loglinear_delta_backward(q, k, v, lam, chunks, states, do, 64))
+    high = [x.double().requires_grad_(True) for x in (q, k, v, lam, g, beta)]
+    ref = loglinear_attention(*high, form="chunkwise")
+    ref_grads = torch.autograd.grad((ref * do.double()).sum(), high)
+    errors = [relative_error(o, ref)] + [relative_error(a, b) for a, b in
+                                         zip((dq, dk, dv, dlam, dbeta), [*ref_grads[:4], ref_grads[5]])]
+    print("  errors o, dq, dk, dv, dlam, dbeta: " + " ".join(f"{e:.1e}" for e in errors), flush=True)
+    return errors
+
+
 def main(argv: list[str]) -> None:
     if argv[:1] == ["case"]:
         dtype, *numbers = argv[1:]
         run_case(dtype, *map(int, numbers))
         return
+    if argv[:1] == ["delta-case"]:
+        dtype, *numbers = argv[1:]
+        run_delta_case(dtype, *map(int, numbers))
+        return
+    delta = argv[:1] == ["delta"]
     env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
     failed = []
-    for case in CASES:
+    for case in DELTA_CASES if delta else CASES:
         print(f"case {case}", flush=True)
-        cmd = [sys.executable, "-m", "loglin_edu.bench.diagnose", "case", *map(str, case)]
+        cmd = [sys.executable, "-m", "loglin_edu.bench.diagnose", "delta-case" if delta else "case", *map(str, case)]
         result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         print(result.stdout, end="", flush=True)
         if result.returncode:
@@ -83,7 +138,7 @@ def main(argv: list[str]) -> None:
             print(f"  FAILED: {last}", flush=True)
     if failed and os.environ.get("SANITIZE"):
         cmd = ["compute-sanitizer", "--tool", "memcheck", "--print-limit", "5", sys.executable, "-m",
-               "loglin_edu.bench.diagnose", "case", *map(str, failed[0])]
+               "loglin_edu.bench.diagnose", "delta-case" if delta else "case", *map(str, failed[0])]
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
         print("sanitizer:\n" + "\n".join((result.stdout + result.stderr).splitlines()[:40]), flush=True)
 

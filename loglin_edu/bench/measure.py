@@ -7,8 +7,8 @@ from dataclasses import asdict
 import torch
 
 from ..timing import median_ms
-from .accuracy import accuracy
-from .implementations import IMPLEMENTATIONS, ours
+from .accuracy import accuracy, delta_accuracy
+from .implementations import IMPLEMENTATIONS, ours, ours_gated_deltanet
 from .settings import Setting, prepare
 
 
@@ -31,6 +31,9 @@ def measure(name: str, inputs: dict, device, fn=None) -> dict:
         with torch.no_grad():
             fn(inputs)
         row["forward_ms"] = median_ms(lambda: fn(inputs), device=device, repeats=3, warmup=0)
+    except ImportError as error:  # a baseline whose library is not installed here
+        row["skipped"] = f"not installed: {error}"[:500]
+        return row
     except Exception as error:  # a baseline that cannot run here is recorded, not fatal
         row["error"] = f"forward: {type(error).__name__}: {error}"[:500]
         return row
@@ -83,13 +86,21 @@ def benchmark(s: Setting, names, device, progress=True, on_row=None) -> list[dic
     return rows
 
 
+def ours_of(s: Setting):
+    """``(name, function(inputs, config))`` of our kernel for the setting's model."""
+    if s.model == "gated_deltanet":
+        return "loglinear gated deltanet (ours, triton)", ours_gated_deltanet
+    return "loglinear (ours, triton)", ours
+
+
 def variants(s: Setting, lengths, configs, device) -> list[dict]:
     """Our kernel under each launch configuration: forward and forward+backward median ms."""
     rows = []
+    name, kernel = ours_of(s)
     for T in lengths:
         inputs = prepare(s.tokens // T, T, s, device)
         for config in configs:
-            row = measure("loglinear (ours, triton)", inputs, device, fn=lambda x, c=config: ours(x, c))
+            row = measure(name, inputs, device, fn=lambda x, c=config: kernel(x, c))
             row.update(T=T, config=asdict(config))
             rows.append(row)
             print(f"T={T:6d} {config} fwd {row.get('forward_ms', float('nan')):.2f} ms  "
@@ -101,15 +112,20 @@ def precision_ladder(s: Setting, lengths, device) -> list[dict]:
     """Every rung of ``LaunchConfig.precision`` at each length: the setting's forward and forward+backward
     time, and the errors against float64 of one sequence (B = 1, 2 heads, shared q/k, the setting's K, V
     and dtype) — what choosing a default by T needs."""
-    from ..kernels.config import PRECISIONS, LaunchConfig
+    from ..kernels.config import DELTA_PRECISIONS, PRECISIONS, DeltaLaunchConfig, LaunchConfig
 
+    delta = s.model == "gated_deltanet"
+    name, kernel = ours_of(s)
     rows = []
     for T in lengths:
         inputs = prepare(s.tokens // T, T, s, device)
-        for precision in PRECISIONS:
-            config = LaunchConfig(precision=precision)
-            row = measure("loglinear (ours, triton)", inputs, device, fn=lambda x, c=config: ours(x, c))
-            errors = accuracy((1, T, 2, 1, s.key, s.value), s.torch_dtype, device, config=config)["errors"]
+        for precision in DELTA_PRECISIONS if delta else PRECISIONS:
+            config = DeltaLaunchConfig(precision=precision) if delta else LaunchConfig(precision=precision)
+            row = measure(name, inputs, device, fn=lambda x, c=config: kernel(x, c))
+            if delta:
+                errors = delta_accuracy((1, T, 2, 2, s.key, s.value), s.torch_dtype, device, config=config)["errors"]
+            else:
+                errors = accuracy((1, T, 2, 1, s.key, s.value), s.torch_dtype, device, config=config)["errors"]
             row.update(T=T, precision=precision, errors=errors)
             rows.append(row)
             print(f"T={T:6d} {precision:6s} fwd {row.get('forward_ms', float('nan')):.2f} ms  fwd+bwd "

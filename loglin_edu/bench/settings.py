@@ -1,7 +1,9 @@
 """The benchmark's settings: the shapes and inputs every implementation runs on, and the work they must do.
 
-The GPU setting (PAPER.md §7): ``B·T = 65,536`` tokens, 48 heads, state ``K = 128``, head dim ``V = 64``,
-q and k shared by the heads, bf16, ``T`` from 1K to 64K. The CPU setting is a tiny one for the
+Log-linear Mamba-2 (PAPER.md §7): ``B·T = 65,536`` tokens, 48 heads, state ``K = 128``, head dim ``V = 64``,
+q and k shared by the heads, bf16, ``T`` from 1K to 64K. Log-linear Gated DeltaNet, the authors' setting:
+``B·T = 65,536``, 6 heads, ``K = 192``, ``V = 384``, q and k per head (unit length, q scaled by
+``K^-1/2`` as the layer does), bf16, ``T`` from 1K to 64K. The CPU settings are tiny ones for the
 interpreter (tests and the book build).
 
 The counted work of the tree schedule (:func:`counted_work`) and the bytes every implementation must
@@ -32,24 +34,43 @@ class Setting:
     dtype: str = "bfloat16"
     lengths: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
     chunk_size: int = 64
+    model: str = "loglinear_mamba2"
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
 
 
+MODELS = ("loglinear_mamba2", "gated_deltanet")
 GPU = Setting()
 CPU = Setting(tokens=128, heads=2, key=16, value=16, dtype="float32", lengths=(32, 64, 128), chunk_size=16)
+GDN_GPU = Setting(heads=6, key=192, value=384, lengths=(1024, 4096, 16384, 65536), model="gated_deltanet")
+GDN_CPU = Setting(tokens=32, heads=2, key=16, value=16, dtype="float32", lengths=(16, 32), chunk_size=16,
+                  model="gated_deltanet")
+SETTINGS = {("loglinear_mamba2", "gpu"): GPU, ("loglinear_mamba2", "cpu"): CPU,
+            ("gated_deltanet", "gpu"): GDN_GPU, ("gated_deltanet", "cpu"): GDN_CPU}
 
 
 def make_inputs(B: int, T: int, s: Setting, device, seed: int = 0) -> dict:
     """Mamba-2-like inputs: q, k ``[B, T, 1, K]`` (shared) scaled by ``K^-1/2``, v ``[B, T, H, V]``,
-    λ ``[B, T, H, L]`` in (0.5, 1.5), log decay in (-0.1, 0)."""
+    λ ``[B, T, H, L]`` in (0.5, 1.5), log decay in (-0.1, 0). Gated DeltaNet: q, k ``[B, T, H, K]`` of unit
+    length (q then scaled by ``K^-1/2``) and β ``[B, T, H]`` in (0, 1) as well."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
 
     def rand(*shape, scale=1.0, offset=0.0, normal=True):
         x = torch.randn(*shape, generator=gen) if normal else torch.rand(*shape, generator=gen)
         return (x * scale + offset).to(device=device, dtype=s.torch_dtype)
+
+    if s.model == "gated_deltanet":
+        unit = lambda: torch.nn.functional.normalize(torch.randn(B, T, s.heads, s.key, generator=gen), dim=-1)  # noqa: E731
+        return dict(
+            q=(unit() * s.key**-0.5).to(device=device, dtype=s.torch_dtype),
+            k=unit().to(device=device, dtype=s.torch_dtype),
+            v=rand(B, T, s.heads, s.value),
+            level_scales=rand(B, T, s.heads, num_levels(T), normal=False, offset=0.5),
+            log_decay=rand(B, T, s.heads, scale=-0.1, normal=False),
+            beta=rand(B, T, s.heads, normal=False),
+        )
 
     return dict(
         q=rand(B, T, 1, s.key, scale=s.key**-0.5),
@@ -64,6 +85,9 @@ def prepare(B: int, T: int, s: Setting, device) -> dict:
     """:func:`make_inputs` plus the per-head q, k some baselines need (``q_heads``) and SDPA's ``[B, H, T, D]`` inputs."""
     inputs = make_inputs(B, T, s, device)
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    if s.model == "gated_deltanet":  # SDPA at the same heads and key width: q, k, v all K wide
+        inputs["sdpa"] = tuple(torch.randn(B, s.heads, T, s.key, device=device, dtype=s.torch_dtype) for _ in range(3))
+        return inputs
     inputs["q_heads"] = tuple(x.expand(-1, -1, s.heads, -1).contiguous() for x in (q, k))
     sdpa_qk = torch.randn(2, B, s.heads, T, s.value, device=device, dtype=s.torch_dtype)
     inputs["sdpa"] = (sdpa_qk[0], sdpa_qk[1], v.transpose(1, 2).contiguous())
@@ -73,6 +97,8 @@ def prepare(B: int, T: int, s: Setting, device) -> dict:
 def counted_work(B: int, T: int, s: Setting) -> dict:
     """Matrix-product flops of our schedule (forward, backward) and the fewest bytes any implementation
     moves (inputs read once, outputs written once), for ``B`` sequences of ``T`` tokens."""
+    if s.model == "gated_deltanet":
+        return counted_work_delta(B, T, s)
     C, H, K, V = s.chunk_size, s.heads, s.key, s.value
     N = -(-T // C)
     reads = sum(bin(c).count("1") for c in range(N)) * C  # token-level reads of a node, per sequence and head
@@ -100,3 +126,30 @@ def floor_ms(work: dict, backward: bool) -> float:
     flops = work["forward_flops"] + (work["backward_flops"] if backward else 0)
     nbytes = work["forward_bytes"] + (work["backward_bytes"] if backward else 0)
     return 1e3 * max(flops / MATMUL_FLOPS, nbytes / COPY_BYTES)
+
+
+def counted_work_delta(B: int, T: int, s: Setting) -> dict:
+    """:func:`counted_work` of the log-linear Gated DeltaNet schedule (kernels steps 6-8), per sequence and head:
+
+    - WY factors: ``Q Kᵀ``, ``K Kᵀ``, ``W``, ``query`` (``2·C·K`` each per token), ``U₀`` and the intra product
+      (``2·C·V`` each), the solve and ``P`` (about ``(C/16 + 18)·2C²`` per token);
+    - level walks: one chunk transition (``4·C·K·V``) per chunk and level, ``n·N`` of them; reads ``2·C·K·V``
+      per stored state (``Σ_c popcount(c)``);
+    - backward: the reverse walks (``4·C·K·V`` per transition, ``2·C·K·V`` per read), the level gradients
+      (``8·C·K·V`` per chunk and level, ``4·C·K·V`` more per read), the WY backward (about three times its forward).
+    """
+    C, H, K, V = s.chunk_size, s.heads, s.key, s.value
+    N = -(-T // C)
+    n = (N - 1).bit_length()
+    reads = sum(bin(c).count("1") for c in range(N))
+    ckv = 2 * C * K * V
+    chunks = T * (4 * 2 * C * K + 2 * 2 * C * V + (C // 16 + 18) * 2 * C * C)
+    walks = n * N * 2 * ckv
+    forward = B * H * (chunks + walks + reads * ckv)
+    backward = B * H * (walks + reads * ckv + n * N * 4 * ckv + reads * 2 * ckv + 3 * chunks)
+    size = torch.finfo(s.torch_dtype).bits // 8
+    L = (T - 1).bit_length() + 1
+    inputs = B * T * H * (2 * K + V + L + 2) * size
+    outputs = B * T * H * V * size
+    return dict(forward_flops=forward, backward_flops=backward, forward_bytes=inputs + outputs,
+                backward_bytes=2 * (inputs + outputs))

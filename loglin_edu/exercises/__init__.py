@@ -15,21 +15,18 @@ import inspect
 from typing import Callable
 
 from . import (
-    ch01_softmax,
-    ch02_linear,
-    ch03_gated,
-    ch04_fenwick,
-    ch05_hmatrix,
-    ch06_loglinear,
-    ch07_chunk_scan,
-    ch11_recall,
+    ch01_softmax, ch02_linear, ch03_gated, ch04_fenwick, ch05_hmatrix, ch06_loglinear, ch07_chunk_scan,
+    ch08_kernel_puzzles, ch09_cost, ch10_layers, ch11_recall, ch12_decoding,
+    ch13_language_modelling,
 )
 from .checking import Exercise, Report, run
 
 EXERCISES: dict[str, Exercise] = {
     ex.name: ex
-    for module in (ch01_softmax, ch02_linear, ch03_gated, ch04_fenwick, ch05_hmatrix, ch06_loglinear, ch07_chunk_scan,
-                   ch11_recall)
+    for module in (
+        ch01_softmax, ch02_linear, ch03_gated, ch04_fenwick, ch05_hmatrix, ch06_loglinear, ch07_chunk_scan,
+        ch08_kernel_puzzles, ch09_cost, ch10_layers, ch11_recall, ch12_decoding, ch13_language_modelling,
+    )
     for ex in module.EXERCISES
 }
 
@@ -59,10 +56,11 @@ def show(name: str):
 
 
 def show_solution(name: str):
-    """The reference solution's source code, followed by its own check."""
+    """The reference solution's source code (a kernel puzzle's: its ``source``), followed by its own check."""
     ex = get(name)
     report = check(name, ex.solution)
-    return _markdown(f"```python\n{inspect.getsource(ex.solution)}```\n\n{report}")
+    source = getattr(ex.solution, "source", None) or inspect.getsource(ex.solution)
+    return _markdown(f"```python\n{source}```\n\n{report}")
 
 
 __all__ = ["EXERCISES", "Exercise", "Report", "check", "get", "show", "show_solution"]

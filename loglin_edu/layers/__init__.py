@@ -3,13 +3,17 @@
 - :class:`SoftmaxAttention` (causal, RoPE), :class:`Mamba2`, :class:`LogLinearMamba2`,
   :class:`GatedDeltaNet`, :class:`LogLinearGatedDeltaNet`: ``[B, T, d_model] -> [B, T, d_model]``.
 - :class:`LanguageModel` with a :class:`ModelConfig`; :func:`build_model`, :func:`count_parameters`.
+- Decoding: every mixer has ``init_cache``, ``prefill`` and ``step`` (a :class:`MixerCache`); the model
+  has ``prefill``, ``step`` and ``generate`` (a :class:`ModelCache`).
 
 Every mixer calls the package's operators through :func:`loglin_edu.ops.mix`; ``backend`` picks the
 PyTorch forms or the Triton kernel (:func:`loglin_edu.ops.resolve_backend`).
 """
 
 from .attention import SoftmaxAttention
+from .cache import MixerCache
 from .gated_deltanet import GatedDeltaNet, LogLinearGatedDeltaNet
+from .generation import ModelCache, sample_next
 from .mamba2 import LogLinearMamba2, Mamba2
 from .model import LOGLINEAR_MIXERS, MIXERS, LanguageModel, ModelConfig, build_model, count_parameters
 from .parts import GatedRMSNorm, LevelScales, RMSNorm, ShortConvolution, rotary
@@ -24,6 +28,8 @@ __all__ = [
     "LogLinearMamba2",
     "MIXERS",
     "Mamba2",
+    "MixerCache",
+    "ModelCache",
     "ModelConfig",
     "RMSNorm",
     "ShortConvolution",
@@ -31,4 +37,5 @@ __all__ = [
     "build_model",
     "count_parameters",
     "rotary",
+    "sample_next",
 ]

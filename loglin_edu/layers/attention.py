@@ -9,6 +9,10 @@ The short convolution is a causal depthwise convolution without activation: chan
 Zoology's attention baseline has it (``BaseConv`` before ``MHA``) and no position embedding: the convolution
 already tells a token what came just before it, which is what associative recall needs (a key's value is the
 token after the key). The four recurrent mixers have their own short convolutions.
+
+Decoding keeps a KV cache: the keys (rotated when ``rope``) and the values of every token so far (O(T) memory),
+and the convolution's last ``w - 1`` inputs; a step shifts its input, projects it at its own position, appends
+its key and value and attends over the cache.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from torch import nn
 
 from ..checks import check_form
 from ..ops import REFERENCE_FORMS, softmax_attention
+from .cache import MixerCache, check_room
 from .parts import ShortConvolution, rotary
 
 SOFTMAX_BACKENDS = ("auto", "torch", "sdpa")
@@ -62,15 +67,80 @@ class SoftmaxAttention(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.conv is not None:
-            x = self.conv(x)
-        q, k, v = self.qkv(x).unflatten(-1, (3, self.num_heads, self.head_dim)).unbind(2)  # [B, T, H, D_h]
-        if self.rope:
-            q, k = rotary(q, self.rope_base), rotary(k, self.rope_base)
-        backend = self.backend if self.backend != "auto" else ("sdpa" if x.is_cuda else "torch")
-        if backend == "sdpa":
+        q, k, v = self.project(self.shift(x))
+        return self.out_proj(self.attend(q, k, v).flatten(2))
+
+    def shift(self, x: torch.Tensor) -> torch.Tensor:
+        """The short convolution (the identity without one). ``[B, T, d_model] -> [B, T, d_model]``."""
+        return x if self.conv is None else self.conv(x)
+
+    def project(self, x: torch.Tensor, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k (rotated at positions ``offset..offset+T-1`` when ``rope``), v: ``[B, T, H, D_h]`` from the shifted
+        x ``[B, T, d_model]``."""
+        q, k, v = self.qkv(x).unflatten(-1, (3, self.num_heads, self.head_dim)).unbind(2)
+        if not self.rope:
+            return q, k, v
+        return rotary(q, self.rope_base, offset), rotary(k, self.rope_base, offset), v
+
+    def resolved_backend(self, x: torch.Tensor) -> str:
+        """``"sdpa"`` or ``"torch"`` (class docstring)."""
+        return self.backend if self.backend != "auto" else ("sdpa" if x.is_cuda else "torch")
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal softmax attention of ``[B, T, H, D_h]`` inputs -> ``[B, T, H, D_h]``."""
+        if self.resolved_backend(q) == "sdpa":
             o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-            o = o.transpose(1, 2)
+            return o.transpose(1, 2)
+        return softmax_attention(q, k, v, form=self.form, chunk_size=self.chunk_size)
+
+    def describe(self) -> str:
+        """The layer's class and sizes: what a cache must have been made by."""
+        conv = 0 if self.conv is None else self.conv.kernel_size
+        return (f"SoftmaxAttention(d_model={self.qkv.in_features}, num_heads={self.num_heads}, conv_size={conv}, "
+                f"rope={self.rope})")
+
+    def init_cache(
+        self, batch: int, max_len: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> MixerCache:
+        """An empty KV cache: keys and values ``[batch, H, max_len, D_h]`` (zeros), the convolution's window
+        ``[batch, w - 1, d_model]`` when there is one, position 0."""
+        check_room(0, max_len, None, self.describe())
+        weight = self.qkv.weight
+        shape = (batch, self.num_heads, max_len, self.head_dim)
+        zeros = {"device": device or weight.device, "dtype": dtype or weight.dtype}
+        tensors = {"keys": torch.zeros(shape, **zeros), "values": torch.zeros(shape, **zeros)}
+        if self.conv is not None:
+            tensors["conv"] = torch.zeros(batch, self.conv.kernel_size - 1, self.qkv.in_features, **zeros)
+        return MixerCache(self.describe(), batch, max_len, tensors=tensors)
+
+    def prefill(self, x: torch.Tensor, max_len: int) -> tuple[torch.Tensor, MixerCache]:
+        """The outputs ``[B, T, d_model]`` of a prompt x ``[B, T, d_model]`` and the KV cache after it."""
+        B, T, _ = x.shape
+        check_room(T, max_len, None, self.describe())
+        q, k, v = self.project(self.shift(x))
+        cache = self.init_cache(B, max_len, device=x.device, dtype=k.dtype)
+        cache.tensors["keys"][:, :, :T] = k.transpose(1, 2)
+        cache.tensors["values"][:, :, :T] = v.transpose(1, 2)
+        if self.conv is not None:
+            cache.tensors["conv"] = self.conv.window(x).to(k.dtype)
+        cache.position = T
+        return self.out_proj(self.attend(q, k, v).flatten(2)), cache
+
+    def step(self, x_t: torch.Tensor, cache: MixerCache) -> torch.Tensor:
+        """One token of every sequence: x_t ``[B, d_model]`` -> ``[B, d_model]``; appends to ``cache``."""
+        cache.check_step(self.describe(), x_t)
+        t = cache.position
+        shifted = x_t
+        if self.conv is not None:
+            shifted, cache.tensors["conv"] = self.conv.step(x_t.to(cache.tensors["conv"].dtype), cache.tensors["conv"])
+        q, k, v = (y[:, 0].to(cache.tensors["keys"].dtype) for y in self.project(shifted[:, None], offset=t))
+        cache.tensors["keys"][:, :, t] = k
+        cache.tensors["values"][:, :, t] = v
+        keys, values = cache.tensors["keys"][:, :, : t + 1], cache.tensors["values"][:, :, : t + 1]
+        if self.resolved_backend(x_t) == "sdpa":
+            o = F.scaled_dot_product_attention(q[:, :, None], keys, values)[:, :, 0]
         else:
-            o = softmax_attention(q, k, v, form=self.form, chunk_size=self.chunk_size)
-        return self.out_proj(o.flatten(2))
+            weights = (torch.einsum("bhd,bhsd->bhs", q, keys) * self.head_dim**-0.5).softmax(dim=-1)
+            o = torch.einsum("bhs,bhsd->bhd", weights, values)
+        cache.advance()
+        return self.out_proj(o.flatten(1).to(x_t.dtype))

@@ -10,6 +10,9 @@ Mamba-2 mixer, ``H`` heads of width ``P``, state width ``N``, one group (B, C sh
 
 Log-linear Mamba-2 adds ``H · L`` outputs ``dl`` to ``in_proj`` and reads every Fenwick level with
 ``λ = softplus(L_{h,ℓ} · dl)``: ``y = loglinear_attention(C, B, x · dt, λ, g) + D · x``.
+
+Decoding (:mod:`loglin_edu.layers.cache`): the short convolution keeps its last ``w - 1`` inputs; Mamba-2
+keeps one state ``[B, H, N, P]``, log-linear Mamba-2 a :class:`~loglin_edu.decoding.FenwickCache`.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..fenwick import num_levels
 from ..checks import check_form
+from ..decoding import FenwickCache, fenwick_step
+from ..fenwick import num_levels
 from ..ops import REFERENCE_FORMS, mix, resolve_backend
+from ..recurrence import read, transition, write
+from .cache import MixerCache, check_room
 from .parts import GatedRMSNorm, LevelScales, ShortConvolution, inverse_softplus, log_uniform
 
 
@@ -72,23 +78,98 @@ class Mamba2(nn.Module):
         return 0
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
-        B, T, _ = u.shape
-        H, P, N = self.num_heads, self.head_dim, self.d_state
-        z, xbc, dt, extra = self.in_proj(u).split([self.d_inner, self.d_inner + 2 * N, H, self.extra_outputs()], -1)
-        x, b, c = self.conv(xbc).split([self.d_inner, N, N], -1)
-        dt = F.softplus(dt + self.dt_bias)  # [B, T, H]
-        log_decay = -torch.exp(self.A_log) * dt
-        x = x.unflatten(-1, (H, P))
-        v = x * dt[..., None]
+        z, xbc, dt, extra = self.split_projection(self.in_proj(u))
+        x, b, c, v, log_decay = self.gates(self.conv(xbc), dt)
         y = self.mixer(c[:, :, None], b[:, :, None], v, log_decay, extra)  # q = C, k = B: one group, all heads
-        y = y + self.D[:, None] * x
-        return self.out_proj(self.norm(y.flatten(2), z))
+        return self.output(y, x, z)
 
-    def mixer(self, q, k, v, log_decay, extra) -> torch.Tensor:
+    def split_projection(self, projected: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``in_proj(u)`` ``[..., ·]`` -> z ``[..., H·P]``, xbc ``[..., H·P + 2N]`` (before the convolution),
+        dt_raw ``[..., H]``, extra ``[..., ·]``."""
+        H, N = self.num_heads, self.d_state
+        return projected.split([self.d_inner, self.d_inner + 2 * N, H, self.extra_outputs()], -1)
+
+    def gates(self, xbc: torch.Tensor, dt: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """From the convolved ``xbc`` and ``dt_raw`` (any leading dims): x ``[..., H, P]``, B, C ``[..., N]``,
+        v = x · dt ``[..., H, P]``, log_decay ``[..., H]``."""
+        x, b, c = xbc.split([self.d_inner, self.d_state, self.d_state], -1)
+        dt = F.softplus(dt + self.dt_bias)
+        x = x.unflatten(-1, (self.num_heads, self.head_dim))
+        return x, b, c, x * dt[..., None], -torch.exp(self.A_log) * dt
+
+    def output(self, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """``out_proj(RMSNorm((y + D·x) ⊙ SiLU(z)))``: y, x ``[..., H, P]``, z ``[..., H·P]`` -> ``[..., d_model]``."""
+        y = y + self.D[:, None] * x
+        return self.out_proj(self.norm(y.flatten(-2), z))
+
+    def mixer(self, q, k, v, log_decay, extra, return_state=False):
         """``mamba2_attention(q, k, v, log_decay)`` on the chosen backend. q, k: ``[B, T, 1, N]``; v:
-        ``[B, T, H, P]``; log_decay: ``[B, T, H]``. Returns ``[B, T, H, P]``."""
+        ``[B, T, H, P]``; log_decay: ``[B, T, H]``. Returns ``[B, T, H, P]`` (and with ``return_state`` the
+        state ``[B, H, N, P]`` after the last token)."""
         form = "triton" if resolve_backend(self.backend, v, loglinear=False, beta=False) == "triton" else self.form
-        return mix(q, k, v, log_decay, form=form, chunk_size=self.chunk_size)
+        return mix(q, k, v, log_decay, form=form, chunk_size=self.chunk_size, return_state=return_state)
+
+    def describe(self) -> str:
+        """The layer's class and sizes: what a cache must have been made by."""
+        return (f"{type(self).__name__}(d_model={self.in_proj.in_features}, num_heads={self.num_heads}, "
+                f"head_dim={self.head_dim}, d_state={self.d_state}, conv_size={self.conv.kernel_size})")
+
+    def max_cache_len(self) -> int | None:
+        """The longest cache the layer can decode into (None: no limit)."""
+        return None
+
+    def init_cache(
+        self, batch: int, max_len: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> MixerCache:
+        """The state before the first token: convolution window ``[batch, w-1, H·P + 2N]`` and the mixer's
+        state (:meth:`empty_state`), zeros."""
+        check_room(0, max_len, self.max_cache_len(), self.describe())
+        weight = self.in_proj.weight
+        device, dtype = device or weight.device, dtype or weight.dtype
+        window = torch.zeros(batch, self.conv.kernel_size - 1, self.conv.weight.shape[0], device=device, dtype=dtype)
+        cache = MixerCache(self.describe(), batch, max_len, tensors={"conv": window})
+        self.empty_state(cache, device, dtype)
+        return cache
+
+    def empty_state(self, cache: MixerCache, device, dtype) -> None:
+        """Mamba-2's one state ``[B, H, N, P]``, zeros."""
+        cache.tensors["state"] = torch.zeros(
+            cache.batch, self.num_heads, self.d_state, self.head_dim, device=device, dtype=dtype
+        )
+
+    def prefill(self, u: torch.Tensor, max_len: int) -> tuple[torch.Tensor, MixerCache]:
+        """The outputs ``[B, T, d_model]`` of a prompt u ``[B, T, d_model]`` and the cache after it."""
+        B, T, _ = u.shape
+        check_room(T, max_len, self.max_cache_len(), self.describe())
+        z, xbc, dt, extra = self.split_projection(self.in_proj(u))
+        x, b, c, v, log_decay = self.gates(self.conv(xbc), dt)
+        y, state = self.mixer(c[:, :, None], b[:, :, None], v, log_decay, extra, return_state=True)
+        cache = MixerCache(self.describe(), B, max_len, position=T, tensors={"conv": self.conv.window(xbc)})
+        self.keep_state(cache, state)
+        return self.output(y, x, z), cache
+
+    def keep_state(self, cache: MixerCache, state) -> None:
+        """Store a prefill's mixer state in the cache."""
+        cache.tensors["state"] = state
+
+    def step(self, u_t: torch.Tensor, cache: MixerCache) -> torch.Tensor:
+        """One token of every sequence: u_t ``[B, d_model]`` -> ``[B, d_model]``; advances ``cache``."""
+        cache.check_step(self.describe(), u_t)
+        z, xbc, dt, extra = self.split_projection(self.in_proj(u_t))
+        xbc, cache.tensors["conv"] = self.conv.step(xbc, cache.tensors["conv"])
+        x, b, c, v, log_decay = self.gates(xbc, dt)
+        heads = (u_t.shape[0], self.num_heads, self.d_state)
+        y = self.mixer_step(c[:, None].expand(heads), b[:, None].expand(heads), v, log_decay, extra, cache)
+        cache.advance()
+        return self.output(y.to(x.dtype), x, z)
+
+    def mixer_step(self, q, k, v, log_decay, extra, cache: MixerCache) -> torch.Tensor:
+        """``S <- exp(g) S + k vᵀ``, ``y = Sᵀ q``. q, k: ``[B, H, N]``; v: ``[B, H, P]``; log_decay: ``[B, H]``."""
+        state = cache.tensors["state"]
+        q, k, v, log_decay = (a.to(state.dtype) for a in (q, k, v, log_decay))
+        state = transition(state, k, log_decay, None) + write(k, v, None)
+        cache.tensors["state"] = state
+        return read(state, q)
 
 
 class LogLinearMamba2(Mamba2):
@@ -108,8 +189,42 @@ class LogLinearMamba2(Mamba2):
         """``dl``: one input of λ per head and Fenwick level (per head when the levels are tied)."""
         return self.num_heads * (1 if self.tie_levels else num_levels(self.max_len))
 
-    def mixer(self, q, k, v, log_decay, extra) -> torch.Tensor:
-        """``loglinear_attention(q, k, v, λ, log_decay)`` with ``λ = softplus(L · dl)``, ``dl = extra``."""
+    def mixer(self, q, k, v, log_decay, extra, return_state=False):
+        """``loglinear_attention(q, k, v, λ, log_decay)`` with ``λ = softplus(L · dl)``, ``dl = extra``
+        (with ``return_state`` also the :class:`~loglin_edu.state.FenwickState` after the last token)."""
         level_scales = self.level_scales(extra)
         form = "triton" if resolve_backend(self.backend, v, loglinear=True, beta=False) == "triton" else self.form
-        return mix(q, k, v, log_decay, None, level_scales, form=form, chunk_size=self.chunk_size)
+        return mix(q, k, v, log_decay, None, level_scales, form=form, chunk_size=self.chunk_size,
+                   return_state=return_state)
+
+    def describe(self) -> str:
+        return super().describe()[:-1] + f", max_len={self.max_len})"
+
+    def max_cache_len(self) -> int:
+        """λ has ``num_levels(max_len)`` levels: no decoding past the layer's ``max_len``."""
+        return self.max_len
+
+    def empty_state(self, cache: MixerCache, device, dtype) -> None:
+        """An empty :class:`~loglin_edu.decoding.FenwickCache` ``[B, H, num_levels(max_len), N, P]``."""
+        cache.levels = FenwickCache.empty(
+            cache.batch, self.num_heads, self.d_state, self.head_dim, cache.max_len, dtype=dtype, device=device
+        )
+
+    def keep_state(self, cache: MixerCache, state) -> None:
+        cache.levels = FenwickCache.from_state(state, cache.max_len)
+
+    def mixer_step(self, q, k, v, log_decay, extra, cache: MixerCache) -> torch.Tensor:
+        """One step of the Fenwick levels, λ from ``extra``: the Triton decode kernel
+        (:mod:`loglin_edu.kernels.decode_step`, in place, one launch) when the backend is ``"triton"`` and the
+        levels are float32, else :func:`~loglin_edu.decoding.fenwick_step`."""
+        levels = cache.levels
+        level_scales = self.level_scales(extra[:, None])[:, 0, :, : levels.num_levels]  # [B, H, L]
+        kernel = resolve_backend(self.backend, v, loglinear=True, beta=False) == "triton"
+        if kernel and levels.levels.dtype == torch.float32 and self.d_state <= 128:
+            from ..kernels.decode_step import decode_step_
+
+            return decode_step_(levels.levels, levels.position, q[:, :1], k[:, :1], v, level_scales, log_decay)
+        out, levels.levels, levels.position = fenwick_step(
+            levels.levels, levels.position, q, k, v, level_scales, log_decay
+        )
+        return out

@@ -32,6 +32,23 @@ class ShortConvolution(nn.Module):
         y = F.conv1d(x, weight, bias, groups=self.weight.shape[0]).transpose(1, 2)
         return F.silu(y) if self.activation else y
 
+    def window(self, x: torch.Tensor) -> torch.Tensor:
+        """The decoding state after ``x``: its last ``w - 1`` inputs, oldest first, zeros before the start.
+
+        x: ``[B, T, C]`` -> ``[B, w - 1, C]``.
+        """
+        padded = F.pad(x, (0, 0, self.kernel_size - 1, 0))
+        return padded[:, padded.shape[1] - (self.kernel_size - 1) :]
+
+    def step(self, x_t: torch.Tensor, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token: ``y_t = act(Σ_i W[:, i] [window; x_t]_i + b)``.
+
+        x_t: ``[B, C]``; window: ``[B, w - 1, C]`` (:meth:`window`). Returns ``(y_t: [B, C], next window)``.
+        """
+        inputs = torch.cat([window, x_t[:, None]], dim=1)  # [B, w, C]
+        y = torch.einsum("bwc,cw->bc", inputs, self.weight[:, 0].to(inputs.dtype)) + self.bias.to(inputs.dtype)
+        return (F.silu(y) if self.activation else y), inputs[:, 1:]
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x / sqrt(mean(x²) + eps) · weight`` over the last dimension."""
@@ -117,13 +134,14 @@ class LevelScales(nn.Module):
         return scales.expand(*scales.shape[:-1], self.num_levels).contiguous() if self.tie_levels else scales
 
 
-def rotary(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+def rotary(x: torch.Tensor, base: float = 10000.0, offset: int = 0) -> torch.Tensor:
     """Rotary position embedding (RoPE): rotate channel pairs ``(i, i + D/2)`` of position ``t`` by
-    ``t · base^(-2i/D)``. x: ``[B, T, H, D]`` with ``D`` even -> ``[B, T, H, D]``.
+    ``t · base^(-2i/D)``. x: ``[B, T, H, D]`` with ``D`` even, at positions ``offset .. offset + T - 1``
+    (a decoding step passes its position) -> ``[B, T, H, D]``.
     """
     T, D = x.shape[1], x.shape[-1]
     freqs = base ** (-torch.arange(0, D // 2, device=x.device, dtype=torch.float32) * 2 / D)
-    angles = torch.arange(T, device=x.device, dtype=torch.float32)[:, None] * freqs  # [T, D/2]
+    angles = torch.arange(offset, offset + T, device=x.device, dtype=torch.float32)[:, None] * freqs  # [T, D/2]
     cos, sin = angles.cos()[:, None].to(x.dtype), angles.sin()[:, None].to(x.dtype)
     first, second = x[..., : D // 2], x[..., D // 2 :]
     return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)

@@ -13,6 +13,9 @@ import numpy as np
 from matplotlib.animation import FuncAnimation
 from matplotlib.patches import Rectangle
 
+import torch
+
+from ..decoding import FenwickCache
 from ..fenwick import level_matrix, num_levels
 from .figures import label_positions, draw_blocks, draw_buckets, draw_levels, draw_stages, level_colormap, stage_table
 
@@ -64,6 +67,47 @@ def stage_animation(seq_len: int, chunk_size: int) -> FuncAnimation:
         ax.set_title(f"T = {seq_len}, C = {chunk_size}: {what}")
 
     return FuncAnimation(fig, frame, frames=range(n_stages), interval=1000)
+
+
+def buffer_occupancy(steps: int) -> np.ndarray:
+    """``[steps + 1, L]``: keys held by each level of a :class:`~loglin_edu.decoding.FenwickCache` after
+    ``t = 0..steps`` tokens, measured by stepping it with ``k = v = 1`` (K = V = 1) and no decay."""
+    cache = FenwickCache.empty(1, 1, 1, 1, max_len=steps, dtype=torch.float64)
+    one, lam = torch.ones(1, 1, 1, dtype=torch.float64), torch.ones(1, 1, cache.num_levels, dtype=torch.float64)
+    table = [cache.levels[0, 0, :, 0, 0].clone()]
+    for _ in range(steps):
+        cache.step(one, one, one, lam)
+        table.append(cache.levels[0, 0, :, 0, 0].clone())
+    return torch.stack(table).round().long().numpy()
+
+
+def counter_animation(steps: int) -> FuncAnimation:
+    """One frame per token count ``t = 1..steps``: the decoding buffer's levels as bars of the keys they hold
+    (empty levels pale), and which levels the last token's carry merged."""
+    occupancy = buffer_occupancy(steps)
+    L = occupancy.shape[1]
+    cmap, norm = level_colormap(L)
+    fig, ax = plt.subplots(figsize=(6.5, 3.2), layout="constrained")
+
+    def frame(t):
+        ax.clear()
+        keys = occupancy[t]
+        colors = [cmap(norm(lvl)) if keys[lvl] else "0.9" for lvl in range(L)]
+        ax.bar(range(L), np.maximum(keys, 0.08), color=colors, edgecolor="0.4")
+        for lvl in range(L):
+            ax.text(lvl, max(keys[lvl], 1) * 1.15, str(keys[lvl]) if keys[lvl] else "empty", ha="center", fontsize=8)
+        position = t - 1  # of the token just consumed
+        j = (position & -position).bit_length() - 1
+        carry = f"; token {position} merged levels 0..{j} into {j + 1}" if position else ""
+        ax.set_yscale("log", base=2)
+        ax.set_ylim(0.06, 2 * max(2, occupancy.max()))
+        ax.set_xticks(range(L))
+        ax.set_xlabel("level")
+        ax.set_ylabel("keys held")
+        ax.set_title(f"after {t} tokens (last position 0b{position:b}): {int((keys > 0).sum())} levels live{carry}",
+                     fontsize=9)
+
+    return FuncAnimation(fig, frame, frames=range(1, steps + 1), interval=600)
 
 
 # matplotlib's player draws its buttons with Font Awesome from a CDN; plain characters keep the page offline.

@@ -1,4 +1,5 @@
-"""Static figures of the book: masks, level tables, buckets, the binary counter, H-matrix blocks, chunk stages.
+"""Static figures of the book: masks, level tables, buckets, the binary counter, H-matrix blocks, chunk stages,
+decoding measurements.
 
 Every function draws on a matplotlib ``Axes`` (a new figure when ``ax`` is None) and returns that ``Axes``.
 Matrices are drawn with the key position ``s`` across and the query position ``t`` down, like ``M[t, s]``.
@@ -230,4 +231,21 @@ def draw_series(lengths, series: dict[str, list[float]], ax=None, *, ylabel: str
         ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
+    return ax
+
+
+def draw_decode_results(result: dict, quantity: str, batch: int, ax=None, *, names=None):
+    """One panel of a decode benchmark's results (:mod:`loglin_edu.bench.decode`): ``quantity`` (``"step_ms"``
+    or ``"state_bytes"``) against the context for every implementation, at batch ``batch``; a row without the
+    quantity (a skipped KV cache) leaves a gap."""
+    rows = [r for r in result["rows"] if r["batch"] == batch]
+    contexts = sorted({r["context"] for r in rows})
+    names = names or list(dict.fromkeys(r["name"] for r in rows))
+    series = {}
+    for name in names:
+        by_context = {r["context"]: r.get(quantity) for r in rows if r["name"] == name}
+        series[name] = [np.nan if by_context.get(T) is None else by_context[T] for T in contexts]
+    label = {"step_ms": "ms per token (one layer's step)", "state_bytes": "bytes of decoding state"}[quantity]
+    ax = draw_series(contexts, series, ax, ylabel=label, title=f"batch {batch}")
+    ax.set_xlabel("context T (tokens)")
     return ax

@@ -1,0 +1,427 @@
+"""Step 8 — the backward of log-linear Gated DeltaNet: reverse walks, level gradients, then the WY form.
+
+The forward (step 7) carries, for each level ``ℓ`` and aligned block, a state ``S`` through chunk ``c``
+with ``S ← γ_C S + K̃ᵀ (u - W S)`` (``u = U₀`` in the left half, where the block's keys are written, 0 in
+the right half, where they are read: ``X_{c,ℓ} = S``, ``o += diag(λ_ℓ) query X_{c,ℓ}``). Three launches:
+
+1. :func:`level_walk_bwd_kernel` — every walk in reverse, all at once, carrying the adjoint ``D`` of the
+   state (the transposed transition, ``Φᵀ D = γ_C D - Wᵀ (K̃ D)``) and adding each reader's
+   ``queryᵀ diag(λ_ℓ) dO``. It stores ``D_{c,ℓ}``, the adjoint of the state *leaving* chunk ``c``, for every
+   chunk and level. It needs no forward state: only the chunk factors and ``dO``.
+2. :func:`level_grad_kernel` — per chunk, every level's state entering it and adjoint leaving it.
+   The state is ``X_{c,ℓ}`` where bit ``ℓ - 1`` of ``c`` is set (stored by step 7); where it is clear, the
+   chunk is in the block's left half and the state is the part of that half before ``c`` — exactly the
+   buckets of the lower set bits, ``Z_{c,ℓ} = Σ_{a < ℓ, bit a-1 set} X_{c,a}``, a running sum. Then
+
+       dW -= (K̃ D) Sᵀ,    dK̃ += (u - W S) Dᵀ,    dU₀ += K̃ D  (left halves),    dγ_C += <D, S>
+       dquery += diag(λ_ℓ) dO Xᵀ,    dλ[:, c0 + ℓ] = rowsum(dO ⊙ query X)           (set bits)
+
+   summed over the levels and value tiles in registers.
+3. :func:`delta_chunk_bwd_kernel` — per chunk, through the WY form of step 6 to ``q, k, v, β`` and the
+   within-chunk cumulative decay, plus the intra-chunk product ``(P ⊙ Λ) V`` (``dv``, and ``dλ`` at levels
+   ``0..log2 C``). With ``R = T_β`` and ``Γ``, ``γ`` as in step 6:
+
+       dT_β = dW (diag(βγ) K)ᵀ + dU₀ (diag(β) V)ᵀ + (Γ ⊙ Q Kᵀ)ᵀ dP diag(β)
+       dA_β = -T_βᵀ dT_β T_βᵀ   (its strict lower part reaches β and Γ ⊙ K Kᵀ)
+
+   and ``dq``, ``dk`` from ``Q Kᵀ``, ``K Kᵀ``, ``W``, ``K̃`` and ``query``. The decay enters only through
+   quantities inside one chunk (``Γ``, ``γ``, ``γ_C``), so ``d log_decay`` is a reverse cumulative sum within
+   each chunk: no error carried across the sequence.
+
+Memory: the adjoints are ``N · n`` blocks of ``K × V`` per head (fp32), alive during the backward only.
+Work: the reverse walks cost what the forward walks cost; the level gradients four ``[C, K] × [K, V]``-sized
+products per chunk and level.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..fenwick import num_chunk_levels
+from .config import DeltaLaunchConfig, accumulator_dtype, dot_precision, key_tiles, level_block, solve_precision
+from .inputs import reverse_cumsum
+from .step6_delta_chunks import DeltaChunks, load_rows, store_rows, value_tiles
+from .step7_delta_levels import first_slots, load_transition, walk_table
+from .tiles import decay_matrix, fenwick_levels, level_column, level_scale_matrix, level_sums, load_level_scales, load_tile, store_tile
+
+
+@triton.jit
+def carry_back(a1, a2, decay, kt1, kt2, w1, w2, BK2: tl.constexpr, IP: tl.constexpr):
+    """``Φᵀ D = γ_C D - Wᵀ (K̃ D)`` for the adjoint ``D = [a1; a2]`` (``[BK1 + BK2, BV]``)."""
+    e = tl.dot(kt1, a1, input_precision=IP)
+    if BK2 > 0:
+        e += tl.dot(kt2, a2, input_precision=IP)
+    a1 = decay * a1 - tl.dot(tl.trans(w1), e, input_precision=IP)
+    if BK2 > 0:
+        a2 = decay * a2 - tl.dot(tl.trans(w2), e, input_precision=IP)
+    return a1, a2
+
+
+@triton.jit
+def level_walk_bwd_kernel(
+    k_ptr, w_ptr, query_ptr, gc_ptr, lam_ptr, do_ptr, d_ptr, walks_ptr,
+    T, N, H, K, V, L, n_levels,
+    skb, skt, skh, slb, slt, slh, sdob, sdot, sdoh,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BK2P: tl.constexpr,
+    BV: tl.constexpr, VP: tl.constexpr, IP: tl.constexpr,
+):
+    """Grid ``(VP / BV, B·H, walks)``, as the forward walks. do: [B, T, H, V]; d: [B, H, N, n_levels, BK1 + BK2, VP] receives the
+    adjoint of each level's state leaving each chunk (zero after the last reader)."""
+    i_v, i_bh, i_w = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    level = tl.load(walks_ptr + 2 * i_w)
+    start = tl.load(walks_ptr + 2 * i_w + 1)
+    half = 1 << (level - 1)
+    rc, rv, r1 = tl.arange(0, C), i_v * BV + tl.arange(0, BV), tl.arange(0, BK1)
+    k_ptr += i_b.to(tl.int64) * skb + i_h * skh
+    lam_ptr += i_b.to(tl.int64) * slb + i_h * slh
+    do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh
+    base = i_bh.to(tl.int64) * N * C
+    d_ptr += (i_bh.to(tl.int64) * N * n_levels + level - 1) * (BK1 + BK2) * VP + rv[None, :]
+    a1 = tl.zeros((BK1, BV), dtype=gc_ptr.dtype.element_ty)
+    a2 = tl.zeros((BK2P, BV), dtype=gc_ptr.dtype.element_ty)
+    for i in range(half):  # the right half, backwards: each reader adds its queries' gradient
+        c = start + 2 * half - 1 - i
+        if c < N:
+            slot = d_ptr + c.to(tl.int64) * n_levels * (BK1 + BK2) * VP
+            tl.store(slot + r1[:, None] * VP, a1)
+            if BK2 > 0:
+                tl.store(slot + (BK1 + tl.arange(0, BK2))[:, None] * VP, a2)
+            t = c * C + rc
+            decay, kt1, kt2, w1, w2 = load_transition(k_ptr, skt, w_ptr, gc_ptr, t, base + t, base + c * C + C - 1, T, K,
+                                                      BK1, BK2)
+            a1, a2 = carry_back(a1, a2, decay, kt1, kt2, w1, w2, BK2, IP)
+            lam = tl.load(lam_ptr + t.to(tl.int64) * slt + C_LOG + level, mask=(t < T) & (t * 0 + C_LOG + level < L), other=0.0)
+            scaled = load_tile(do_ptr, sdot, t, T, rv, V).to(a1.dtype) * lam.to(a1.dtype)[:, None]
+            a1 += tl.dot(tl.trans(load_rows(query_ptr, BK1 + BK2, base + t, r1)), scaled, input_precision=IP)
+            if BK2 > 0:
+                r2 = BK1 + tl.arange(0, BK2)
+                a2 += tl.dot(tl.trans(load_rows(query_ptr, BK1 + BK2, base + t, r2)), scaled, input_precision=IP)
+    for i in range(half):  # the left half, backwards: only the transitions
+        c = start + half - 1 - i
+        slot = d_ptr + c.to(tl.int64) * n_levels * (BK1 + BK2) * VP
+        tl.store(slot + r1[:, None] * VP, a1)
+        if BK2 > 0:
+            tl.store(slot + (BK1 + tl.arange(0, BK2))[:, None] * VP, a2)
+        if i + 1 < half:
+            t = c * C + rc
+            decay, kt1, kt2, w1, w2 = load_transition(k_ptr, skt, w_ptr, gc_ptr, t, base + t, base + c * C + C - 1, T, K,
+                                                      BK1, BK2)
+            a1, a2 = carry_back(a1, a2, decay, kt1, kt2, w1, w2, BK2, IP)
+
+
+@triton.jit
+def level_grad_kernel(
+    k_ptr, w_ptr, u_ptr, query_ptr, gc_ptr, lam_ptr, do_ptr, x_ptr, first_ptr, d_ptr,
+    dquery_ptr, dw_ptr, dkt_ptr, du_ptr, dgamma_ptr, dlam_ptr,
+    T, N, H, K, V, L, n_levels, NX,
+    skb, skt, skh, slb, slt, slh, sdob, sdot, sdoh, sdlb, sdlt, sdlh,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr,
+    VP: tl.constexpr, BL: tl.constexpr, OWN: tl.constexpr, BKO: tl.constexpr, IP: tl.constexpr,
+):
+    """Grid ``(N, B·H)``. Writes, for chunk ``i_c``, the key tile ``OWN`` (0: columns ``0..BK1``, 1: the next
+    ``BK2``; ``BKO`` its width) of dquery, dw, dkt ``[B, H, N·C, BK1 + BK2]`` (fp32); with ``OWN = 0`` also du ``[B, H, N·C, VP]``, dgamma
+    ``[B, H, N]`` (the gradient of ``γ_C``) and dlam's chunk-level columns. Products over all of K (``K̃ D``,
+    ``W S``, ``query X``) use both tiles; only the accumulated outputs are split, so a launch per tile holds
+    three ``[C, BK]`` accumulators."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    rc, r1, cols = tl.arange(0, C), tl.arange(0, BK1), tl.arange(0, BL)
+    KP = BK1 + BK2
+    t = i_c * C + rc
+    base = i_bh.to(tl.int64) * N * C
+    rows = base + t
+    k_ptr += i_b.to(tl.int64) * skb + i_h * skh
+    do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh
+    x_ptr += i_bh.to(tl.int64) * NX * KP * VP
+    d_ptr += (i_bh.to(tl.int64) * N + i_c) * n_levels * KP * VP
+    last = base + i_c * C + C - 1
+    lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + i_h * slh, slt, t, T, L, BL, gc_ptr.dtype.element_ty)
+    if OWN == 0:
+        r_own = r1
+    else:
+        r_own = BK1 + tl.arange(0, BK2)
+    if BK2 > 0:
+        r2 = BK1 + tl.arange(0, BK2)
+    d_query = tl.zeros((C, BKO), dtype=lam.dtype)
+    d_w = tl.zeros((C, BKO), dtype=lam.dtype)
+    d_kt = tl.zeros((C, BKO), dtype=lam.dtype)
+    d_gamma = tl.sum(tl.zeros((C,), dtype=lam.dtype), 0)
+    dlam = tl.zeros((C, BL), dtype=lam.dtype)
+    first = tl.load(first_ptr + i_c)
+    for i_v in range(VP // BV):
+        rv = i_v * BV + tl.arange(0, BV)
+        do = load_tile(do_ptr, sdot, t, T, rv, V).to(lam.dtype)
+        du = tl.zeros((C, BV), dtype=lam.dtype)
+        z1 = tl.zeros((BK1, BV), dtype=lam.dtype)  # Z: the lower buckets' states, the left-half state
+        if BK2 > 0:
+            z2 = tl.zeros((BK2, BV), dtype=lam.dtype)
+        slot = first
+        for level in range(1, n_levels + 1):
+            read = ((i_c >> (level - 1)) & 1) == 1
+            if ((i_c >> level) << level) + (1 << (level - 1)) < N:  # this level's walk passes through chunk i_c
+                adjoint = d_ptr + (level - 1) * KP * VP + rv[None, :]
+                states = x_ptr + slot.to(tl.int64) * KP * VP + rv[None, :]
+                decay, kt1, kt2, w1, w2 = load_transition(k_ptr, skt, w_ptr, gc_ptr, t, rows, last, T, K, BK1, BK2)
+                d1 = tl.load(adjoint + r1[:, None] * VP)
+                e = tl.dot(kt1, d1, input_precision=IP)
+                s1 = z1  # the left half of the block: the state is Z, and the chunk writes U₀ ...
+                if BK2 > 0:
+                    d2 = tl.load(adjoint + r2[:, None] * VP)
+                    e += tl.dot(kt2, d2, input_precision=IP)
+                    s2 = z2
+                if read:  # ... the right half: the state is the stored read state X, and nothing is written
+                    s1 = tl.load(states + r1[:, None] * VP)
+                    x_read = tl.dot(load_rows(query_ptr, KP, rows, r1), s1, input_precision=IP)
+                    if BK2 > 0:
+                        s2 = tl.load(states + r2[:, None] * VP)
+                        x_read += tl.dot(load_rows(query_ptr, KP, rows, r2), s2, input_precision=IP)
+                    s_own = tl.load(states + r_own[:, None] * VP)
+                    d_query += level_column(lam, C_LOG + level, BL)[:, None] * tl.dot(do, tl.trans(s_own),
+                                                                                        input_precision=IP)
+                    dlam = tl.where(cols[None, :] == C_LOG + level, dlam + tl.sum(do * x_read, 1)[:, None], dlam)
+                writes = tl.where(read, 0.0, 1.0)
+                pseudo = load_rows(u_ptr, VP, rows, rv) * writes - tl.dot(w1, s1, input_precision=IP)
+                if BK2 > 0:
+                    pseudo -= tl.dot(w2, s2, input_precision=IP)
+                if OWN == 0:
+                    d_w -= tl.dot(e, tl.trans(s1), input_precision=IP)
+                    d_kt += tl.dot(pseudo, tl.trans(d1), input_precision=IP)
+                    du += e * writes
+                    d_gamma += tl.sum(tl.sum(d1 * s1, 1), 0)
+                    if BK2 > 0:
+                        d_gamma += tl.sum(tl.sum(d2 * s2, 1), 0)
+                else:
+                    d_w -= tl.dot(e, tl.trans(s2), input_precision=IP)
+                    d_kt += tl.dot(pseudo, tl.trans(d2), input_precision=IP)
+                if read:
+                    z1 += s1
+                    if BK2 > 0:
+                        z2 += s2
+                    slot += 1
+        if OWN == 0:
+            store_rows(du_ptr, VP, rows, rv, du)
+    store_rows(dquery_ptr, KP, rows, r_own, d_query)
+    store_rows(dw_ptr, KP, rows, r_own, d_w)
+    store_rows(dkt_ptr, KP, rows, r_own, d_kt)
+    if OWN == 0:
+        tl.store(dgamma_ptr + i_bh.to(tl.int64) * N + i_c, d_gamma)
+        mask = (t[:, None] < T) & (cols[None, :] > C_LOG) & (cols[None, :] < L)
+        dlam_ptr += i_b.to(tl.int64) * sdlb + i_h * sdlh
+        tl.store(dlam_ptr + t[:, None].to(tl.int64) * sdlt + cols[None, :], dlam.to(dlam_ptr.dtype.element_ty),
+                 mask=mask)
+
+
+@triton.jit
+def wy_key_part(dquery, dw, t_beta, scores, IP: tl.constexpr):
+    """One key tile's share of the WY backward: ``(dW, dKb)`` with ``dW`` the total gradient of ``W`` (its own
+    plus ``query``'s ``-(Γ ⊙ Q Kᵀ)ᵀ dquery``) and ``dKb = T_βᵀ dW``, the gradient of ``diag(βγ) K``."""
+    d_w = dw - tl.dot(tl.trans(scores), dquery, input_precision=IP)
+    return d_w, tl.dot(tl.trans(t_beta), d_w, input_precision=IP)
+
+
+@triton.jit
+def delta_chunk_bwd_kernel(
+    q_ptr, k_ptr, v_ptr, lam_ptr, do_ptr, beta_ptr, gc_ptr, tb_ptr, p_ptr, w_ptr,
+    dquery_ptr, dw_ptr, dkt_ptr, du_ptr, dgamma_ptr,
+    dq_ptr, dk_ptr, dv_ptr, dlam_ptr, dbeta_ptr, dgc_ptr,
+    T, N, H, K, V, L,
+    sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdvb, sdvt, sdvh, sdlb, sdlt, sdlh,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr,
+    NV: tl.constexpr, BL: tl.constexpr, IP: tl.constexpr, IPS: tl.constexpr,
+):
+    """Grid ``(N, H, B)``. Reads step 6's factors and :func:`level_grad_kernel`'s outputs; writes dq, dk (fp32
+    ``[B, T, H, K]``, per head), dv ``[B, T, H, V]``, dlam's columns ``0..C_LOG``, dbeta and dgc (fp32
+    ``[B, H, N·C]``, the gradient of the within-chunk cumulative decay)."""
+    i_c, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    bh = (i_b * H + i_h).to(tl.int64)
+    rc, r1 = tl.arange(0, C), tl.arange(0, BK1)
+    KP = BK1 + BK2
+    VP = NV * BV
+    t = i_c * C + rc
+    rows = bh * N * C + t
+    q_ptr += i_b.to(tl.int64) * sqb + i_h * sqh
+    k_ptr += i_b.to(tl.int64) * sqb + i_h * sqh
+    v_ptr += i_b.to(tl.int64) * svb + i_h * svh
+    do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh
+    dv_ptr += i_b.to(tl.int64) * sdvb + i_h * sdvh
+    gc = tl.load(gc_ptr + rows)
+    beta = tl.load(beta_ptr + rows)
+    g_last = tl.load(gc_ptr + bh * N * C + i_c * C + C - 1)
+    gamma = tl.exp(gc)
+    ratio = tl.exp(g_last - gc)
+    write = beta * gamma
+    decay = decay_matrix(gc, C)
+    square = (bh * N + i_c) * C * C + rc[:, None] * C + rc[None, :]
+    t_beta = tl.load(tb_ptr + square)
+    intra = tl.load(p_ptr + square)
+    q1 = load_tile(q_ptr, sqt, t, T, r1, K)
+    k1 = load_tile(k_ptr, sqt, t, T, r1, K)
+    qk = tl.dot(q1, tl.trans(k1), input_precision=IP)
+    kk = tl.dot(k1, tl.trans(k1), input_precision=IP)
+    if BK2 > 0:
+        r2 = tl.arange(0, BK2)
+        q2 = load_tile(q_ptr + BK1, sqt, t, T, r2, K - BK1)
+        k2 = load_tile(k_ptr + BK1, sqt, t, T, r2, K - BK1)
+        qk += tl.dot(q2, tl.trans(k2), input_precision=IP)
+        kk += tl.dot(k2, tl.trans(k2), input_precision=IP)
+    scores = decay * qk  # Γ ⊙ Q Kᵀ
+    solved = tl.dot(scores, t_beta, input_precision=IPS)  # P = solved · diag(β)
+    lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + i_h * slh, slt, t, T, L, BL, gc.dtype)
+    levels = fenwick_levels(C, C_LOG)
+    scales = level_scale_matrix(lam, levels, C_LOG, BL)
+    weights = intra * scales
+    # values: the intra-chunk product and U₀ = T_β diag(β) V
+    d_pairs = tl.zeros((C, C), dtype=gc.dtype)  # dO Vᵀ
+    d_t = tl.zeros((C, C), dtype=gc.dtype)
+    d_beta = tl.zeros((C,), dtype=gc.dtype)
+    for i_v in range(NV):
+        rv = i_v * BV + tl.arange(0, BV)
+        v = load_tile(v_ptr, svt, t, T, rv, V).to(gc.dtype)
+        do = load_tile(do_ptr, sdot, t, T, rv, V).to(gc.dtype)
+        du = load_rows(du_ptr, VP, rows, rv)
+        d_pairs += tl.dot(do, tl.trans(v), input_precision=IP)
+        d_t += tl.dot(du, tl.trans(v * beta[:, None]), input_precision=IP)
+        d_vb = tl.dot(tl.trans(t_beta), du, input_precision=IP)
+        d_beta += tl.sum(v * d_vb, 1)
+        dv = tl.dot(tl.trans(weights), do, input_precision=IP) + beta[:, None] * d_vb
+        store_tile(dv_ptr, sdvt, t, T, rv, V, dv)
+    dlam = level_sums(d_pairs * intra, levels, C_LOG, BL)
+    cols = tl.arange(0, BL)
+    dlam_ptr += i_b.to(tl.int64) * sdlb + i_h * sdlh
+    tl.store(dlam_ptr + t[:, None].to(tl.int64) * sdlt + cols[None, :], dlam.to(dlam_ptr.dtype.element_ty),
+             mask=(t[:, None] < T) & (cols[None, :] <= C_LOG) & (cols[None, :] < L))
+    causal = rc[:, None] >= rc[None, :]
+    d_intra = tl.where(causal, d_pairs * scales, 0.0)  # dP
+    d_intra_b = d_intra * beta[None, :]
+    d_scores = tl.dot(d_intra_b, tl.trans(t_beta), input_precision=IPS)
+    d_t += tl.dot(tl.trans(scores), d_intra_b, input_precision=IPS)
+    d_beta += tl.sum(solved * d_intra, 0)
+    # keys: query = diag(γ) Q - (Γ ⊙ Q Kᵀ) W and W = T_β diag(βγ) K, tile by tile
+    d_gamma = tl.zeros((C,), dtype=gc.dtype)
+    d_ratio = tl.zeros((C,), dtype=gc.dtype)
+    dquery1 = load_rows(dquery_ptr, KP, rows, r1)
+    dkt1 = load_rows(dkt_ptr, KP, rows, r1)
+    d_gamma += tl.sum(q1.to(gc.dtype) * dquery1, 1)
+    d_scores -= tl.dot(dquery1, tl.trans(load_rows(w_ptr, KP, rows, r1)), input_precision=IP)
+    d_w1, d_kb1 = wy_key_part(dquery1, load_rows(dw_ptr, KP, rows, r1), t_beta, scores, IP)
+    d_t += tl.dot(d_w1, tl.trans(k1.to(gc.dtype) * write[:, None]), input_precision=IP)
+    kd = tl.sum(k1.to(gc.dtype) * d_kb1, 1)
+    d_beta += gamma * kd
+    d_gamma += beta * kd
+    d_ratio += tl.sum(k1.to(gc.dtype) * dkt1, 1)
+    if BK2 > 0:
+        r2w = BK1 + tl.arange(0, BK2)
+        dquery2 = load_rows(dquery_ptr, KP, rows, r2w)
+        dkt2 = load_rows(dkt_ptr, KP, rows, r2w)
+        d_gamma += tl.sum(q2.to(gc.dtype) * dquery2, 1)
+        d_scores -= tl.dot(dquery2, tl.trans(load_rows(w_ptr, KP, rows, r2w)), input_precision=IP)
+        d_w2, d_kb2 = wy_key_part(dquery2, load_rows(dw_ptr, KP, rows, r2w), t_beta, scores, IP)
+        d_t += tl.dot(d_w2, tl.trans(k2.to(gc.dtype) * write[:, None]), input_precision=IP)
+        kd = tl.sum(k2.to(gc.dtype) * d_kb2, 1)
+        d_beta += gamma * kd
+        d_gamma += beta * kd
+        d_ratio += tl.sum(k2.to(gc.dtype) * dkt2, 1)
+    # the triangular solve: T_β = (I + M)⁻¹ with M = strict_lower(diag(β) (Γ ⊙ K Kᵀ))
+    d_m = -tl.dot(tl.dot(tl.trans(t_beta), d_t, input_precision=IPS), tl.trans(t_beta), input_precision=IPS)
+    d_m = tl.where(rc[:, None] > rc[None, :], d_m, 0.0)
+    d_beta += tl.sum(d_m * decay * kk, 1)
+    d_m *= beta[:, None]
+    d_kk = decay * d_m
+    d_decay = (kk * d_m + qk * d_scores) * decay  # dΓ ⊙ Γ
+    d_qk = decay * d_scores
+    d_gc = d_gamma * gamma + tl.sum(d_decay, 1) - tl.sum(d_decay, 0) - d_ratio * ratio
+    last = rc == C - 1
+    d_last = tl.sum(d_ratio * ratio, 0) + tl.load(dgamma_ptr + bh * N + i_c) * tl.exp(g_last)
+    d_gc += tl.where(last, d_last, 0.0)
+    tl.store(dgc_ptr + rows, d_gc)
+    tl.store(dbeta_ptr + rows, d_beta)
+    d_keys = d_kk + tl.trans(d_kk)
+    dq_ptr += i_b.to(tl.int64) * T * H * K + i_h * K
+    dk_ptr += i_b.to(tl.int64) * T * H * K + i_h * K
+    dq1 = dquery1 * gamma[:, None] + tl.dot(d_qk, k1.to(gc.dtype), input_precision=IP)
+    dk1 = (d_kb1 * write[:, None] + dkt1 * ratio[:, None] + tl.dot(d_keys, k1.to(gc.dtype), input_precision=IP)
+           + tl.dot(tl.trans(d_qk), q1.to(gc.dtype), input_precision=IP))
+    store_tile(dq_ptr, H * K, t, T, r1, K, dq1)
+    store_tile(dk_ptr, H * K, t, T, r1, K, dk1)
+    if BK2 > 0:
+        dq2 = dquery2 * gamma[:, None] + tl.dot(d_qk, k2.to(gc.dtype), input_precision=IP)
+        dk2 = (d_kb2 * write[:, None] + dkt2 * ratio[:, None] + tl.dot(d_keys, k2.to(gc.dtype), input_precision=IP)
+               + tl.dot(tl.trans(d_qk), q2.to(gc.dtype), input_precision=IP))
+        store_tile(dq_ptr + BK1, H * K, t, T, r2, K - BK1, dq2)
+        store_tile(dk_ptr + BK1, H * K, t, T, r2, K - BK1, dk2)
+
+
+def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states, do, chunk_size: int = 64,
+                             config: DeltaLaunchConfig = DeltaLaunchConfig(), grads: dict | None = None):
+    """Gradients of :func:`~loglin_edu.kernels.step7_delta_levels.loglinear_delta_forward`:
+    ``(dq, dk, dv, dlam, dbeta, dgc)``.
+
+    Inputs as the forward's (``chunks``, ``states`` what it returned), do: ``[B, T, H, V]``. dq, dk are shaped
+    like q, k (summed over heads when shared); dbeta: ``[B, T, H]`` (fp32); dgc: ``[B, H, N·C]`` (fp32) is the gradient of
+    the within-chunk cumulative decay. ``grads`` may hold preallocated ``"dv"`` and ``"dlam"`` (zeroed), any
+    strides with the last dimension contiguous.
+    """
+    grads = dict(grads or {})
+    B, T, Hk, K = q.shape
+    H, V, L = v.shape[2], v.shape[3], level_scales.shape[3]
+    N = -(-T // chunk_size)
+    n_levels = num_chunk_levels(T, chunk_size)
+    acc = accumulator_dtype(q.dtype)
+    BK1, BK2 = key_tiles(K, config.key_tile)
+    BV, NV = value_tiles(V, config)
+    KP, VP = BK1 + BK2, NV * BV
+    BVG = min(BV, config.grad_value_tile)  # the level gradients' value tile (it divides BV)
+    C_LOG = chunk_size.bit_length() - 1
+    IP = dot_precision(q.dtype, config.precision)
+    sqh = 0 if Hk == 1 else q.stride(2)
+    new = lambda *shape: torch.empty(*shape, device=q.device, dtype=acc)  # noqa: E731
+    adjoints = new(B, H, N, max(n_levels, 1), KP, VP)
+    walks = walk_table(N, q.device)
+    lam_strides = (level_scales.stride(0), level_scales.stride(1), level_scales.stride(2))
+    do_strides = (do.stride(0), do.stride(1), do.stride(2))
+    if len(walks):
+        level_walk_bwd_kernel[(NV, B * H, len(walks))](
+            k, chunks.w, chunks.query, chunks.gc, level_scales, do, adjoints, walks, T, N, H, K, V, L, n_levels,
+            k.stride(0), k.stride(1), sqh, *lam_strides, *do_strides,
+            C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BK2P=max(BK2, 16), BV=BV, VP=VP, IP=IP,
+            num_warps=config.walk_warps, num_stages=config.num_stages,
+        )
+    d_query, d_w, d_kt = new(B, H, N * chunk_size, KP), new(B, H, N * chunk_size, KP), new(B, H, N * chunk_size, KP)
+    d_u, d_gamma = new(B, H, N * chunk_size, VP), new(B, H, N)
+    dlam = grads.get("dlam", torch.zeros(B, T, H, L, device=q.device, dtype=level_scales.dtype))
+    dlam_strides = (dlam.stride(0), dlam.stride(1), dlam.stride(2))
+    for own in (0, 1) if BK2 else (0,):  # one launch per key tile of the outputs
+        level_grad_kernel[(N, B * H)](
+            k, chunks.w, chunks.u, chunks.query, chunks.gc, level_scales, do, states, first_slots(N, q.device),
+            adjoints, d_query, d_w, d_kt, d_u, d_gamma, dlam, T, N, H, K, V, L, n_levels, states.shape[2],
+            k.stride(0), k.stride(1), sqh, *lam_strides, *do_strides, *dlam_strides,
+            C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BV=BVG, VP=VP, BL=level_block(T, chunk_size), OWN=own, BKO=BK2 if own else BK1,
+            IP=IP, num_warps=config.grad_warps, num_stages=config.num_stages,
+        )
+    del adjoints
+    dq, dk = torch.empty(B, T, H, K, device=q.device, dtype=acc), torch.empty(B, T, H, K, device=q.device, dtype=acc)
+    dv = grads.get("dv", torch.empty(B, T, H, V, device=q.device, dtype=v.dtype))
+    d_beta, d_gc = new(B, H, N * chunk_size), new(B, H, N * chunk_size)
+    delta_chunk_bwd_kernel[(N, H, B)](
+        q, k, v, level_scales, do, chunks.beta, chunks.gc, chunks.t_beta, chunks.intra, chunks.w,
+        d_query, d_w, d_kt, d_u, d_gamma, dq, dk, dv, dlam, d_beta, d_gc, T, N, H, K, V, L,
+        q.stride(0), q.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2), *lam_strides, *do_strides,
+        dv.stride(0), dv.stride(1), dv.stride(2), *dlam_strides,
+        C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BV=BV, NV=NV, BL=level_block(T, chunk_size), IP=IP,
+        IPS=solve_precision(q.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    if Hk == 1:
+        dq, dk = dq.sum(2, keepdim=True), dk.sum(2, keepdim=True)
+    dbeta = d_beta[:, :, :T].transpose(1, 2)
+    return dq.to(q.dtype), dk.to(k.dtype), dv, dlam, dbeta, d_gc
+
+
+def chunk_reverse_cumsum(d_gc: torch.Tensor, T: int, chunk_size: int) -> torch.Tensor:
+    """``d log_decay: [B, T, H]`` from the gradient of the within-chunk cumulative decay ``d_gc: [B, H, N·C]``:
+    a reverse cumulative sum inside each chunk (fp64)."""
+    B, H, NC = d_gc.shape
+    per_chunk = reverse_cumsum(d_gc.view(B, H, NC // chunk_size, chunk_size), -1)
+    return per_chunk.reshape(B, H, NC)[:, :, :T].transpose(1, 2)

@@ -1,0 +1,43 @@
+"""The decode benchmark's CPU tier: every implementation measured, state bytes as the caches say,
+results written with their provenance."""
+
+import json
+
+import pytest
+
+pytest.importorskip("triton")
+
+
+def test_decode_benchmark_cpu_tier(tmp_path):
+    from loglin_edu.bench.decode import CPU, IMPLEMENTATIONS, main
+
+    out = tmp_path / "decode.json"
+    result = main(["--tier", "cpu", "--quiet", "--out", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["complete"] and saved["rows"] == result["rows"]
+    for key in ("command", "commit", "date", "device", "versions", "setting", "goals"):
+        assert key in saved, key
+    rows = {(r["name"], r["batch"], r["context"]): r for r in saved["rows"]}
+    assert len(rows) == len(IMPLEMENTATIONS) * len(CPU.batches) * len(CPU.contexts)
+    assert all("step_ms" in r and r["step_ms"] > 0 for r in rows.values()), [r for r in rows.values() if "step_ms" not in r]
+    state = CPU.heads * CPU.key * CPU.value * 4  # one fp32 K × V state per head
+    for B in CPU.batches:
+        for T in CPU.contexts:
+            L = (T - 1).bit_length() + 1
+            assert rows[("loglinear", B, T)]["state_bytes"] == B * (L * state + 8)  # levels and the position
+            assert rows[("loglinear", B, T)]["live_levels_before"] == [0] + [
+                lvl for lvl in range(1, L) if (T - 2) >> (lvl - 1) & 1]
+            assert rows[("mamba2", B, T)]["state_bytes"] == B * state
+            assert rows[("attention", B, T)]["state_bytes"] == 2 * B * CPU.heads * T * CPU.value * 4
+    goals = saved["goals"]["loglinear_within_2x_mamba2"]
+    assert set(goals) == {f"B={B},T={T}" for B in CPU.batches for T in CPU.contexts}
+
+
+def test_a_kv_cache_over_the_limit_is_skipped_with_its_reason():
+    from loglin_edu.bench.decode import CPU, measure
+    from dataclasses import replace
+
+    import torch
+
+    row = measure("attention", 2, 64, replace(CPU, memory_limit_gib=1e-6), torch.device("cpu"))
+    assert "step_ms" not in row and "exceeds the limit of 1e-06 GiB" in row["skipped"]

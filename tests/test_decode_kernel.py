@@ -1,0 +1,156 @@
+"""The Triton decode step of log-linear Mamba-2 (kernels/decode_step.py) against the tensor step of
+:mod:`loglin_edu.decoding`: fp32 under Triton's interpreter on a CPU (compiled on a GPU), level buffers and
+outputs, sequences at different positions, no access outside its tensors."""
+
+import pytest
+import torch
+
+from loglin_edu.decoding import FenwickCache
+from operators import assert_close
+
+decode = pytest.importorskip("loglin_edu.kernels.decode_step")
+
+from loglin_edu.kernels import interpreted  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+if DEVICE == "cpu" and not interpreted():
+    pytest.skip("TRITON_INTERPRET=1 must be set before triton is imported", allow_module_level=True)
+
+
+def random_step(gen, B, H, Hk, K, V, L, decay=True, dtype=torch.float32):
+    """q, k ``[B, Hk, K]``, v ``[B, H, V]``, λ ``[B, H, L]``, log decay ``[B, H]`` (or None)."""
+    x = [torch.randn(B, Hk, K, generator=gen), torch.randn(B, Hk, K, generator=gen), torch.randn(B, H, V, generator=gen),
+         0.5 + torch.rand(B, H, L, generator=gen), -0.5 * torch.rand(B, H, generator=gen) if decay else None]
+    return [None if a is None else a.to(DEVICE, dtype) for a in x]
+
+
+def prepared_cache(B, H, K, V, max_len, positions, seed):
+    """A cache whose sequences sit at ``positions``, filled by the tensor step with random tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    caches = []
+    for position in positions:
+        cache = FenwickCache.empty(1, H, K, V, max_len, device=DEVICE)
+        for _ in range(position):
+            q, k, v, lam, g = random_step(gen, 1, H, H, K, V, cache.num_levels)
+            cache.step(q, k, v, lam, g)
+        caches.append(cache)
+    return FenwickCache(torch.cat([c.levels for c in caches]), torch.cat([c.position for c in caches]), max_len)
+
+
+def check_steps(cache, steps, block_v, what, Hk, decay=True):
+    """Run ``steps`` tokens through the kernel and the tensor step side by side."""
+    gen = torch.Generator().manual_seed(11)
+    B, H, L, K, V = cache.levels.shape
+    levels, position = cache.levels.clone(), cache.position.clone()
+    for i in range(steps):
+        q, k, v, lam, g = random_step(gen, B, H, Hk, K, V, L, decay)
+        expected = cache.step(q.expand(B, H, K), k.expand(B, H, K), v, lam, g)
+        got = decode.decode_step_(levels, position, q, k, v, lam, g, block_v=block_v)
+        where = f"{what}, step {i} at positions {cache.position.tolist()}"
+        assert_close(got.double(), expected.double(), rtol=1e-5, atol=1e-6, what=f"{where}: o")
+        assert_close(levels.double(), cache.levels.double(), rtol=1e-5, atol=1e-6, what=f"{where}: levels")
+        assert torch.equal(position, cache.position)
+
+
+def test_kernel_step_equals_the_tensor_step_from_the_first_token():
+    """Positions 0..8: every carry of the first levels, one head of q, k shared by all (Mamba-2's B, C)."""
+    check_steps(FenwickCache.empty(2, 2, 5, 6, max_len=16, device=DEVICE), 9, block_v=4, what="from 0", Hk=1)
+
+
+@pytest.mark.parametrize("decay", [True, False])
+def test_kernel_step_at_different_positions_and_long_carries(decay):
+    """One batch at positions 63 and 100 of 128 (L = 8): the carry of token 64 fills level 7; per-head q, k."""
+    cache = prepared_cache(2, 2, 5, 6, max_len=128, positions=[63, 100], seed=3)
+    check_steps(cache, 3, block_v=16, what=f"positions 63, 100, decay={decay}", Hk=2, decay=decay)
+
+
+def test_kernel_step_stays_inside_its_tensors():
+    """Every tensor a view into a NaN-padded buffer: a read outside brings NaN in, a write outside
+    overwrites a NaN of the pad."""
+    pad = 3
+
+    def padded(x):
+        buffer = torch.full([s + 2 * pad for s in x.shape], float("nan"), device=DEVICE)
+        view = buffer[tuple(slice(pad, pad + s) for s in x.shape)]
+        view.copy_(x)
+        return buffer, view
+
+    def intact(buffer):
+        inner = torch.zeros_like(buffer, dtype=torch.bool)
+        inner[tuple(slice(pad, s - pad) for s in buffer.shape)] = True
+        return bool(torch.isnan(buffer[~inner]).all())
+
+    cache = prepared_cache(2, 3, 5, 6, max_len=32, positions=[7, 16], seed=4)
+    gen = torch.Generator().manual_seed(5)
+    inputs = random_step(gen, 2, 3, 1, 5, 6, cache.num_levels)
+    buffers, views = zip(*(padded(x) for x in [cache.levels, *inputs]))
+    levels, q, k, v, lam, g = views
+    position = cache.position.clone()
+    got = decode.decode_step_(levels, position, q, k, v, lam, g, block_v=4)
+    expected = cache.step(inputs[0].expand(2, 3, 5), inputs[1].expand(2, 3, 5), *inputs[2:])
+    assert all(intact(b) for b in buffers)
+    assert torch.isfinite(got).all() and torch.isfinite(levels).all()
+    assert_close(got.double(), expected.double(), rtol=1e-5, atol=1e-6, what="guarded o")
+    assert_close(levels.double(), cache.levels.double(), rtol=1e-5, atol=1e-6, what="guarded levels")
+
+
+def test_kernel_refuses_what_it_does_not_compute():
+    cache = FenwickCache.empty(1, 1, 4, 4, max_len=8, device=DEVICE)
+    q, k, v, lam, g = random_step(torch.Generator().manual_seed(0), 1, 1, 1, 4, 4, cache.num_levels)
+    with pytest.raises(ValueError, match="levels must be float32"):
+        decode.decode_step_(cache.levels.double(), cache.position, q, k, v, lam, g)
+    with pytest.raises(ValueError, match=r"q, k must have shape \[B=1, H=1 or 1, K=4\]"):
+        decode.decode_step_(cache.levels, cache.position, q[..., :3], k, v, lam, g)
+    with pytest.raises(ValueError, match=r"level_scales \[B, H, >= 4\]"):
+        decode.decode_step_(cache.levels, cache.position, q, k, v, lam[..., :2], g)
+
+
+@pytest.mark.gpu
+def test_kernel_step_with_bf16_inputs_against_float64():
+    """bf16 q, k, v, λ, g into fp32 levels: within 1e-2 of the float64 tensor step after 300 tokens."""
+    gen = torch.Generator().manual_seed(6)
+    B, H, K, V = 4, 8, 128, 64
+    exact = FenwickCache.empty(B, H, K, V, max_len=512, dtype=torch.float64, device=DEVICE)
+    fast = FenwickCache.empty(B, H, K, V, max_len=512, device=DEVICE)
+    for _ in range(300):
+        q, k, v, lam, g = random_step(gen, B, H, 1, K, V, exact.num_levels, dtype=torch.bfloat16)
+        expected = exact.step(*(x.double().expand(B, H, -1) if x.dim() == 3 and x.shape[1] == 1 else x.double()
+                                for x in (q, k, v, lam)), g.double())
+        got = decode.decode_step_(fast.levels, fast.position, q, k, v, lam, g)
+    assert_close(got.double(), expected, rtol=1e-2, what="bf16 decode step")
+
+
+def test_layer_decodes_with_the_kernel():
+    """LogLinearMamba2(backend="triton"): prefill by the Triton form, steps by the decode kernel, in fp32,
+    equal to the layer's float64 forward."""
+    from loglin_edu.layers import LogLinearMamba2
+
+    torch.manual_seed(0)
+    layer = LogLinearMamba2(16, d_state=8, head_dim=8, max_len=32, backend="triton", chunk_size=16).to(DEVICE)
+    x = torch.randn(2, 21, 16, device=DEVICE)
+    layer.backend = "torch"
+    full = layer.double()(x.double())
+    layer.float()
+    layer.backend = "triton"
+    head, cache = layer.prefill(x[:, :17], max_len=32)
+    tail = torch.stack([layer.step(x[:, t], cache) for t in range(17, 21)], dim=1)
+    assert cache.levels.position.tolist() == [21, 21]
+    assert_close(torch.cat([head, tail], dim=1).double(), full, rtol=1e-5, what="triton prefill + kernel steps")
+
+
+def test_mamba2_kernel_step_equals_the_recurrence():
+    """The baseline of the decode benchmark: Mamba-2's one-state step, against the package's recurrence."""
+    from loglin_edu.recurrence import read, transition, write
+
+    gen = torch.Generator().manual_seed(8)
+    B, H, K, V = 2, 3, 5, 6
+    state = torch.zeros(B, H, K, V, device=DEVICE)
+    reference = state.double()
+    for _ in range(4):
+        q, k, v, _, g = random_step(gen, B, H, 1, K, V, 1)
+        got = decode.mamba2_decode_step_(state, q, k, v, g, block_v=4)
+        k_h = k.double().expand(B, H, K)
+        reference = transition(reference, k_h, g.double(), None) + write(k_h, v.double(), None)
+        assert_close(got.double(), read(reference, q.double().expand(B, H, K)), rtol=1e-5, atol=1e-6, what="o")
+        assert_close(state.double(), reference, rtol=1e-5, atol=1e-6, what="state")

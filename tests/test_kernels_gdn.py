@@ -1,0 +1,380 @@
+"""The log-linear Gated DeltaNet kernels (steps 6-9) on the CPU, under Triton's interpreter.
+
+Each step against the one before and against the package's float64 forms, fp32 with exact (ieee) dots;
+then ``loglinear_attention(..., beta=..., form="triton")`` forward and every gradient (q, k, v, λ,
+log_decay, β); guard bands around every input and output; vmap; the layer's Triton backend. Chunks of
+16 tokens and key/value tiles of 16 columns make several chunk levels, two key tiles and several value
+tiles out of small shapes (the interpreter is slow).
+"""
+
+import pytest
+import torch
+
+import loglin_edu as le
+from operators import assert_close
+
+kernels = pytest.importorskip("loglin_edu.kernels.step9_loglinear_gated_deltanet")
+
+from loglin_edu.kernels import interpreted  # noqa: E402
+from loglin_edu.kernels.config import DeltaLaunchConfig  # noqa: E402
+from loglin_edu.kernels.step6_delta_chunks import delta_chunks  # noqa: E402
+from loglin_edu.kernels.step7_delta_levels import first_slots, level_states, loglinear_delta_forward  # noqa: E402
+from loglin_edu.kernels.step8_delta_backward import loglinear_delta_backward  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+if DEVICE == "cpu" and not interpreted():
+    pytest.skip("TRITON_INTERPRET=1 must be set before triton is imported", allow_module_level=True)
+
+SMALL_TILES = DeltaLaunchConfig(key_tile=16, value_tile=16)  # K > 16: two key tiles; V > 16: several value tiles
+
+
+def inputs(B, T, H, Hk, K, V, seed=0, dtype=torch.float64, decay=True):
+    """q, unit k ``[B, T, Hk, K]``, v, λ (one level more than needed), log decay in (-0.5, 0], β in (0, 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = [torch.randn(B, T, Hk, K, generator=gen),
+         torch.nn.functional.normalize(torch.randn(B, T, Hk, K, generator=gen), dim=-1),
+         torch.randn(B, T, H, V, generator=gen), 0.5 + torch.rand(B, T, H, le.num_levels(T) + 1, generator=gen),
+         -0.5 * torch.rand(B, T, H, generator=gen) if decay else None, torch.rand(B, T, H, generator=gen)]
+    return [None if a is None else a.to(DEVICE, dtype) for a in x]
+
+
+def grads_of(fn, args):
+    """Output and the gradients of a fixed random projection of it, for every tensor argument."""
+    args = [None if a is None else a.detach().clone().requires_grad_(True) for a in args]
+    out = fn(*args)
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
+    return out.detach(), torch.autograd.grad((out * weights).sum(), [a for a in args if a is not None])
+
+
+NAMES = ("dq", "dk", "dv", "dlevel_scales", "dlog_decay", "dbeta")
+
+
+def check_against_float64(fn, reference, args, rtol, what, dtype=torch.float32):
+    """The kernels in ``dtype`` against the float64 form on the same (rounded) inputs: o and every gradient."""
+    low = [None if a is None else a.to(dtype) for a in args]
+    out, grads = grads_of(fn, low)
+    ref, ref_grads = grads_of(reference, [None if a is None else a.double() for a in low])
+    assert out.dtype == dtype
+    assert_close(out.double(), ref, rtol=rtol, atol=1e-6, what=f"{what}: o")
+    names = NAMES if len(args) == 6 else NAMES[:4] + NAMES[5:]  # without log_decay: (q, k, v, λ, β)
+    for name, g, r in zip(names, grads, ref_grads):
+        assert_close(g.double(), r, rtol=rtol, atol=1e-6, what=f"{what}: {name}")
+
+
+# --- step 6: the WY factors of every chunk --------------------------------------------------------------
+
+
+def test_step6_factors_match_the_chunk_terms():
+    """query and the intra-chunk block P as :func:`~loglin_edu.chunking.chunk_terms` has them; the chunk's
+    write ``K̃ᵀ U₀`` and transition ``γ_C I - K̃ᵀ W`` rebuilt from the kernel's W, U₀. K = 20 is two key tiles."""
+    from loglin_edu.chunking import chunk_terms, split_chunks
+    from loglin_edu.layout import heads_first
+
+    B, T, H, K, V, C = 2, 50, 2, 20, 7, 16
+    q, k, v, _, g, beta = inputs(B, T, H, 1, K, V)
+    out = delta_chunks(*(x.float() for x in (q, k, v, beta, g)), chunk_size=C, config=SMALL_TILES)
+    qh, kh, vh = (heads_first(x, H) for x in (q, k, v))
+    terms = chunk_terms(qh, kh, vh, g.transpose(1, 2), beta.transpose(1, 2), C)
+    N = -(-T // C)
+    w, query = (x.view(B, H, N, C, -1)[..., :K].double() for x in (out.w, out.query))
+    u = out.u.view(B, H, N, C, -1)[..., :V].double()
+    gc = out.gc.view(B, H, N, C).double()
+    k_to_end = (gc[..., -1:] - gc).exp()[..., None] * split_chunks(kh, C)
+    transition = gc[..., -1].exp()[..., None, None] * torch.eye(K, dtype=torch.float64) - k_to_end.mT @ w
+    assert_close(query, terms.query, rtol=1e-6, what="query")
+    assert_close(out.intra.double(), terms.intra, rtol=1e-6, what="P")
+    assert_close(k_to_end.mT @ u, terms.own, rtol=1e-6, what="own = K̃ᵀ U₀")
+    assert_close(transition, terms.transition, rtol=1e-6, what="transition")
+
+
+def test_step6_triangular_solve_is_exact_for_correlated_keys():
+    """Equal keys and β = 1 (the worst case of the delta rule: ``A_β`` all ones below the diagonal) at C = 64: the
+    block forward substitution stays exact where a Neumann series would sum terms of size binomial(63, 31)."""
+    B, T, H, K, V, C = 1, 64, 1, 4, 4, 64
+    k = torch.nn.functional.normalize(torch.ones(B, T, H, K, dtype=torch.float64), dim=-1)
+    q, v = torch.randn(B, T, H, K, dtype=torch.float64), torch.randn(B, T, H, V, dtype=torch.float64)
+    beta = torch.ones(B, T, H, dtype=torch.float64)
+    out = delta_chunks(q, k, v, beta, None, chunk_size=C)
+    i = torch.arange(C)
+    expected = (i[:, None] == i[None, :]).double() - (i[:, None] == i[None, :] + 1).double()  # (I + strict ones)⁻¹
+    assert_close(out.t_beta[0, 0, 0], expected, rtol=1e-14, what="T_β")
+
+
+# --- step 7: the level walks and the output ------------------------------------------------------------
+
+
+def test_step7_read_states_carry_each_bucket_through_the_chunk_transitions():
+    """Every stored ``X_{c,ℓ}`` equals bucket ``ℓ`` of chunk ``c`` carried to the chunk's start through the
+    transitions of :func:`~loglin_edu.chunking.chunk_terms`: ``Σ_{c' in bucket} Φ_{c-1} ··· Φ_{c'+1} own_{c'}``."""
+    from loglin_edu.chunking import chunk_terms
+    from loglin_edu.layout import heads_first
+
+    B, T, H, K, V, C = 1, 100, 2, 20, 20, 16
+    q, k, v, _, g, beta = inputs(B, T, H, 2, K, V, seed=4)
+    chunks = delta_chunks(*(x.float() for x in (q, k, v, beta, g)), chunk_size=C, config=SMALL_TILES)
+    states = level_states(k.float(), chunks, T, V, C, SMALL_TILES)
+    terms = chunk_terms(*(heads_first(x, H) for x in (q, k, v)), g.transpose(1, 2), beta.transpose(1, 2), C)
+    first = first_slots(-(-T // C), q.device)
+    for c in range(-(-T // C)):
+        slot = int(first[c])
+        for level in range(1, c.bit_length() + 1):
+            if not (c >> (level - 1)) & 1:
+                continue
+            start = (c >> level) << level
+            carried = torch.zeros(B, H, K, V, dtype=torch.float64)
+            for source in range(start, start + (1 << (level - 1))):
+                carried = terms.propagate(source, carried) + terms.own[:, :, source]
+            for between in range(start + (1 << (level - 1)), c):
+                carried = terms.propagate(between, carried)
+            assert_close(states[:, :, slot, :K, :V].double(), carried, rtol=1e-6, what=f"X[c={c}, level={level}]")
+            slot += 1
+
+
+SHAPES = [  # B, T, H, Hk, K, V, chunk size, launch config
+    (2, 50, 2, 1, 8, 5, 16, DeltaLaunchConfig()),  # shared q/k, T off the chunk grid
+    (1, 100, 2, 2, 20, 24, 16, SMALL_TILES),  # 3 chunk levels, two key tiles, two value tiles
+    (2, 10, 2, 2, 3, 3, 32, DeltaLaunchConfig()),  # T < chunk
+    (1, 1, 1, 1, 2, 2, 16, DeltaLaunchConfig()),  # one token
+]
+IDS = [f"T{s[1]}-H{s[2]}-Hk{s[3]}-K{s[4]}-V{s[5]}-C{s[6]}" for s in SHAPES]
+
+
+@pytest.mark.parametrize("B, T, H, Hk, K, V, C, config", SHAPES, ids=IDS)
+def test_step7_forward_matches_chunkwise(B, T, H, Hk, K, V, C, config):
+    q, k, v, lam, g, beta = inputs(B, T, H, Hk, K, V, seed=T)
+    out, _, _ = loglinear_delta_forward(*(x.float() for x in (q, k, v, lam, beta, g)), chunk_size=C, config=config)
+    ref = le.loglinear_attention(q, k, v, lam, g, beta, form="chunkwise")
+    assert_close(out.double(), ref, rtol=2e-6, what=f"forward T={T}")
+
+
+# --- steps 8-9: the backward and the autograd Function --------------------------------------------------
+
+
+@pytest.mark.parametrize("B, T, H, Hk, K, V, C, config", SHAPES, ids=IDS)
+def test_forward_and_every_gradient_match_float64(B, T, H, Hk, K, V, C, config):
+    check_against_float64(
+        lambda q, k, v, lam, g, beta: kernels.loglinear_gated_deltanet(q, k, v, lam, g, beta, chunk_size=C, config=config),
+        lambda q, k, v, lam, g, beta: le.loglinear_attention(q, k, v, lam, g, beta, form="naive" if T <= 64 else "chunkwise"),
+        inputs(B, T, H, Hk, K, V, seed=T + 1), rtol=2e-6, what=f"T={T}",
+    )
+
+
+def test_the_public_form_with_two_key_tiles_and_no_decay():
+    """``loglinear_attention(..., beta=..., form="triton")`` is log-linear DeltaNet when log_decay is None;
+    K = 130 is a tile of 128 and one of 16, V = 20 one tile."""
+    q, k, v, lam, _, beta = inputs(1, 20, 2, 1, 130, 20, seed=3, decay=False)
+    check_against_float64(
+        lambda q, k, v, lam, beta: le.loglinear_attention(q, k, v, lam, None, beta, form="triton", chunk_size=16),
+        lambda q, k, v, lam, beta: le.loglinear_attention(q, k, v, lam, None, beta, form="chunkwise"),
+        [q, k, v, lam, beta], rtol=2e-6, what="form='triton', K=130",
+    )
+
+
+def test_float64_is_exact():
+    q, k, v, lam, g, beta = inputs(1, 77, 2, 2, 6, 5, seed=5)
+    out = le.loglinear_attention(q, k, v, lam, g, beta, form="triton", chunk_size=16)
+    assert_close(out, le.loglinear_attention(q, k, v, lam, g, beta, form="naive"), rtol=1e-12, what="fp64")
+
+
+def test_fp16_inputs_match_float64_of_the_same_rounded_inputs():
+    """fp16 through the whole Function (16-bit products of q, k, v; fp32 factors and states): o and every
+    gradient within fp16's rounding of the float64 result on the same inputs."""
+    q, k, v, lam, g, beta = inputs(1, 80, 2, 1, 16, 16, seed=8)
+    check_against_float64(
+        lambda *a: kernels.loglinear_gated_deltanet(*a, chunk_size=16),
+        lambda *a: le.loglinear_attention(*a, form="chunkwise"),
+        [q, k, v, lam, g, beta], rtol=2e-3, what="fp16", dtype=torch.float16,
+    )
+
+
+def test_the_triton_form_hands_its_state_to_decoding():
+    """``return_state=True`` on the Triton form with β: the prefill's Fenwick state (float32), stepped on by the
+    recurrent decoding state, continues the sequence as the float64 masked form computes it."""
+    q, k, v, lam, g, beta = inputs(1, 40, 2, 2, 4, 4, seed=9)
+    full = le.loglinear_attention(q, k, v, lam, g, beta, form="naive")
+    t = 37
+    head, state = le.loglinear_attention(*(x[:, :t].float() for x in (q, k, v, lam, g, beta)), form="triton",
+                                         chunk_size=16, return_state=True)
+    assert all(s.dtype == torch.float32 for s in state.levels if s is not None)
+    tail = [state.step(*(x[:, s].float() for x in (q, k, v, lam, g, beta)))
+            for s in range(t, 40)]
+    out = torch.cat([head, torch.stack(tail, dim=1)], dim=1)
+    assert_close(out.double(), full, rtol=1e-5, what="triton prefill + decoding")
+
+
+def test_unit_level_scales_give_gated_deltanet():
+    """λ ≡ 1: the log-linear kernels compute Gated DeltaNet itself."""
+    q, k, v, lam, g, beta = (x.float() for x in inputs(1, 60, 2, 2, 8, 8, seed=6))
+    out = le.loglinear_attention(q, k, v, torch.ones_like(lam), g, beta, form="triton", chunk_size=16)
+    ref = le.gated_deltanet_attention(q.double(), k.double(), v.double(), g.double(), beta.double(), form="chunkwise")
+    assert_close(out.double(), ref, rtol=2e-6, what="λ ≡ 1")
+
+
+def test_too_wide_keys_are_refused():
+    q, k, v, lam, g, beta = (x.float() for x in inputs(1, 4, 1, 1, 257, 2))
+    with pytest.raises(ValueError, match="K <= 256"):
+        kernels.loglinear_gated_deltanet(q, k, v, lam, g, beta)
+
+
+def test_backward_fills_no_zero_gradient_for_the_saved_tensors():
+    """The factors and states are outputs of the Function only to be saved: autograd must not zero-fill their
+    gradients (the states alone are ``Σ popcount(c)`` blocks of ``K × V``)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Zeros(TorchDispatchMode):
+        sizes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in (torch.ops.aten.zeros.default, torch.ops.aten.zeros_like.default, torch.ops.aten.fill_.Scalar,
+                        torch.ops.aten.zero_.default):
+                self.sizes.append(out.numel())
+            return out
+
+    q, k, v, lam, g, beta = (x.float().requires_grad_(True) for x in inputs(1, 64, 1, 1, 16, 16))
+    o = kernels.loglinear_gated_deltanet(q, k, v, lam, g, beta, chunk_size=16)
+    with Zeros():
+        o.sum().backward()
+    states = 4 * 16 * 16  # Σ_{c<4} popcount(c) = 4 states of K x V
+    assert all(n < states for n in Zeros.sizes), Zeros.sizes
+
+
+@pytest.mark.slow
+def test_vmap_folds_the_mapped_dimension_into_the_batch():
+    """``vmap`` over a stack of M problems, some inputs mapped and some shared, equals a loop over the members."""
+    from torch.func import vmap
+
+    M, B, T, H, K, V = 2, 1, 40, 2, 8, 5
+    q, k, v, lam, g, beta = inputs(M * B, T, H, 1, K, V, seed=5, dtype=torch.float32)
+    q, v, g, beta = (x.unflatten(0, (M, B)) for x in (q, v, g, beta))  # mapped; k, λ shared
+    k, lam = k[:B], lam[:B]
+    leaves = [x.detach().requires_grad_(True) for x in (q, k, v, lam, g, beta)]
+    weights = torch.randn(M, B, T, H, V, generator=torch.Generator().manual_seed(0)).to(q)
+
+    def call(q_, k_, v_, lam_, g_, beta_):
+        return kernels.loglinear_gated_deltanet(q_, k_, v_, lam_, g_, beta_, chunk_size=16)
+
+    out = vmap(call, in_dims=(0, None, 0, None, 0, 0))(*leaves)
+    grads = torch.autograd.grad((out * weights).sum(), leaves)
+    loop = [x.detach().requires_grad_(True) for x in (q, k, v, lam, g, beta)]
+    ref = torch.stack([call(loop[0][m], loop[1], loop[2][m], loop[3], loop[4][m], loop[5][m]) for m in range(M)])
+    ref_grads = torch.autograd.grad((ref * weights).sum(), loop)
+    assert_close(out.double(), ref.double(), rtol=1e-6, what="vmap: o")
+    for name, a, b in zip(("dq", "dk", "dv", "dlevel_scales", "dlog_decay", "dbeta"), grads, ref_grads):
+        assert_close(a.double(), b.double(), rtol=1e-6, atol=1e-6, what=f"vmap: {name}")
+
+
+# --- guard bands -----------------------------------------------------------------------------------
+
+
+def padded_view(shape, pad=3, fill=float("nan")):
+    """A ``shape`` view into a buffer padded by ``pad`` on every side of every dimension, filled with ``fill``."""
+    buffer = torch.full([s + 2 * pad for s in shape], fill, device=DEVICE)
+    return buffer, buffer[tuple(slice(pad, pad + s) for s in shape)]
+
+
+def guard_intact(buffer, pad=3):
+    inner = torch.zeros_like(buffer, dtype=torch.bool)
+    inner[tuple(slice(pad, s - pad) for s in buffer.shape)] = True
+    return bool(torch.isnan(buffer[~inner]).all())
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_guard_bands_no_read_or_write_out_of_bounds(shared):
+    """Inputs and outputs are views into NaN-padded buffers: a read outside an input would bring NaN into the
+    results (compared with float64), a write outside an output would overwrite a NaN of its pad."""
+    from loglin_edu.kernels.step8_delta_backward import chunk_reverse_cumsum
+
+    B, T, H, K, V, C = 2, 40, 2, 20, 18, 16
+    Hk = 1 if shared else H
+    dense = [x.float() for x in inputs(B, T, H, Hk, K, V, seed=7)]
+    views = []
+    for x in dense:
+        _, view = padded_view(x.shape)
+        view.copy_(x)
+        views.append(view)
+    q, k, v, lam, g, beta = views
+    o_buffer, o = padded_view((B, T, H, V))
+    _, chunks, states = loglinear_delta_forward(q, k, v, lam, beta, g, C, SMALL_TILES, out=o)
+    buffers = {name: padded_view(shape) for name, shape in [("dv", (B, T, H, V)), ("dlam", tuple(lam.shape))]}
+    buffers["dlam"][1].zero_()
+    do = torch.randn(B, T, H, V, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    dq, dk, dv, dlam, dbeta, d_gc = loglinear_delta_backward(q, k, v, lam, chunks, states, do, C, SMALL_TILES,
+                                                             grads={name: view for name, (_, view) in buffers.items()})
+    assert guard_intact(o_buffer) and all(guard_intact(buf) for buf, _ in buffers.values())
+    leaves = [x.double().requires_grad_(True) for x in dense]
+    ref = le.loglinear_attention(*leaves, form="chunkwise")
+    ref_grads = torch.autograd.grad((ref * do.double()).sum(), leaves)
+    got = (dq, dk, dv, dlam, chunk_reverse_cumsum(d_gc, T, C), dbeta)
+    assert_close(o.double(), ref, rtol=2e-6, what="o")
+    for name, a, b in zip(NAMES, got, ref_grads):
+        assert_close(a.double(), b, rtol=2e-6, atol=1e-6, what=name)
+
+
+# --- the layer's Triton backend ------------------------------------------------------------------------
+
+
+def test_layer_triton_backend_matches_torch():
+    """The log-linear Gated DeltaNet layer on backend="triton" (picked by ``ops.resolve_backend``) computes the
+    torch backend's output and parameter gradients."""
+    from loglin_edu.layers import LogLinearGatedDeltaNet
+
+    torch.manual_seed(0)
+    layer = LogLinearGatedDeltaNet(16, num_heads=2, max_len=64, chunk_size=16, backend="torch").to(DEVICE)
+    x = torch.randn(2, 40, 16, device=DEVICE)
+    results = {}
+    for backend in ("torch", "triton"):
+        layer.backend = backend
+        layer.zero_grad()
+        out = layer(x)
+        (out * torch.linspace(-1, 1, out.numel(), device=DEVICE).view_as(out)).sum().backward()
+        results[backend] = (out.detach(), {n: p.grad.clone() for n, p in layer.named_parameters()})
+    assert_close(results["triton"][0], results["torch"][0], rtol=1e-5, what="layer output")
+    for name, grad in results["torch"][1].items():
+        assert_close(results["triton"][1][name], grad, rtol=1e-4, atol=1e-7, what=name)
+
+
+@pytest.mark.slow
+def test_training_on_the_triton_backend_matches_torch(tmp_path):
+    """Three training steps of a two-member ensemble (vmap over members, so through the Function's vmap rule)
+    of log-linear Gated DeltaNet on MQAR: the same losses and weights, to fp32 round-off, on both backends. (AdamW
+    divides each gradient by its running size, so where a gradient is nearly zero a round-off difference moves
+    a weight by up to a learning rate: weights agree to 1e-4, losses to 1e-5.)"""
+    from loglin_edu.data import mqar
+    from loglin_edu.layers import ModelConfig
+    from loglin_edu.train import Member, TrainConfig, train
+
+    train_sets, test_sets = [mqar(8, 40, 4, 32, seed=1)], {"pairs=4": mqar(2, 40, 4, 32, seed=2)}
+    config = TrainConfig(steps=3, batch_size=2, warmup_steps=1, eval_every=3, eval_batch_size=2)
+    records = {}
+    for backend in ("torch", "triton"):
+        model = ModelConfig("loglinear_gated_deltanet", vocab_size=32, d_model=16, n_layers=1, max_len=64,
+                            mixer_options=dict(num_heads=2, chunk_size=16, backend=backend))
+        records[backend] = train(model, [Member(0, 3e-3), Member(1, 1e-2)], train_sets, test_sets, config,
+                                 out_dir=tmp_path / backend, progress=False, device=DEVICE)
+    for a, b in zip(records["triton"]["history"], records["torch"]["history"]):
+        assert abs(a["train_loss"] - b["train_loss"]) <= 1e-5 * abs(b["train_loss"]), (a, b)
+    weights = {b: torch.load(tmp_path / b / "checkpoint.pt", weights_only=False)["models"] for b in records}
+    for triton_member, torch_member in zip(weights["triton"], weights["torch"]):
+        for name, value in torch_member.items():
+            assert_close(triton_member[name], value, rtol=1e-4, atol=1e-7, what=name)
+
+
+# --- the benchmark's CPU tier ----------------------------------------------------------------------
+
+
+def test_benchmark_cpu_tier(tmp_path):
+    from loglin_edu.bench.__main__ import main
+    from loglin_edu.bench.settings import GDN_CPU, counted_work
+
+    result = main(["--model", "gated_deltanet", "--tier", "cpu", "--lengths", "32", "--quiet",
+                   "--out", str(tmp_path / "b.json")])
+    rows = {r["name"]: r for r in result["rows"]}
+    assert set(rows) == {"loglinear gated deltanet (ours, triton)", "loglinear gated deltanet (torch chunkwise)",
+                         "sdpa (causal, flash on GPU)"}
+    assert all("forward_backward_ms" in r for r in rows.values()), rows
+    assert (tmp_path / "b.json").exists() and (tmp_path / "b.png").exists() and result["complete"]
+    assert result["setting"]["model"] == "gated_deltanet" and result["setting"]["key"] == GDN_CPU.key
+    work = counted_work(2, 32, GDN_CPU)
+    assert work["forward_flops"] > 0 and work["backward_flops"] > work["forward_flops"]

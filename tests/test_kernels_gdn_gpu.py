@@ -1,0 +1,99 @@
+"""The log-linear Gated DeltaNet kernels compiled on a GPU (``pytest -m gpu``): fp32 (exact dots), fp16 and bf16
+against float64, up to T = 65,536. The float64 reference is the package's chunkwise form, run on the GPU.
+
+With ``LOGLIN_RECORD_ERRORS=path.json`` the measured errors are written there (book/results keeps them).
+"""
+
+import os
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+CASES = [  # (B, T, H, Hk, K, V), dtype, DeltaLaunchConfig.precision (None: the default)
+    ((2, 1000, 4, 4, 64, 64), torch.float32, None),
+    ((2, 1000, 4, 4, 64, 64), torch.float16, None),
+    ((2, 1000, 4, 4, 64, 64), torch.bfloat16, None),
+    ((3, 333, 3, 1, 40, 24), torch.float32, None),
+    ((3, 333, 3, 1, 40, 24), torch.bfloat16, None),
+    ((3, 333, 3, 3, 16, 16), torch.bfloat16, None),
+    ((1, 2048, 2, 2, 192, 384), torch.float32, None),  # the authors' widths: two key tiles, six value tiles
+    ((1, 2048, 2, 2, 192, 384), torch.bfloat16, None),
+    ((1, 4096, 2, 2, 256, 256), torch.bfloat16, None),
+    ((1, 16384, 2, 2, 128, 64), torch.bfloat16, None),
+    ((1, 65536, 2, 2, 128, 64), torch.float32, None),
+    ((1, 65536, 2, 2, 128, 64), torch.float16, None),
+    ((1, 65536, 2, 2, 128, 64), torch.bfloat16, None),
+    ((1, 65536, 2, 2, 128, 64), torch.bfloat16, "exact"),
+    ((1, 65536, 1, 1, 192, 384), torch.bfloat16, None),
+]
+BOUND = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+RECORDED = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def record():
+    yield
+    path = os.environ.get("LOGLIN_RECORD_ERRORS")
+    if path and RECORDED:
+        import sys
+
+        from loglin_edu.provenance import provenance, write_json
+
+        write_json(path, {**provenance("LOGLIN_RECORD_ERRORS=... python -m pytest " + " ".join(sys.argv[1:]), "cuda"),
+                          "reference": "loglinear_attention(beta=..., form='chunkwise') in float64 on the GPU",
+                          "bounds": {str(k).replace("torch.", ""): v for k, v in BOUND.items()}, "cases": RECORDED})
+
+
+def _case_id(case) -> str:
+    shape, dtype, precision = case
+    return f"{shape[1]}-{shape[4]}x{shape[5]}-{'shared' if shape[3] == 1 else 'heads'}-{str(dtype)[6:]}-{precision or 'default'}"
+
+
+@pytest.mark.parametrize("shape, dtype, precision", CASES, ids=[_case_id(c) for c in CASES])
+def test_errors_against_float64(shape, dtype, precision):
+    from loglin_edu.bench.accuracy import delta_accuracy
+    from loglin_edu.kernels.config import DeltaLaunchConfig
+
+    config = None if precision is None else DeltaLaunchConfig(precision=precision)
+    result = delta_accuracy(shape, dtype, torch.device("cuda"), config=config)
+    result["precision"] = precision or "default"
+    RECORDED.append(result)
+    bad = {name: e for name, e in result["errors"].items() if not e <= BOUND[dtype]}
+    assert not bad, f"{dtype} {shape}: relative errors above {BOUND[dtype]}: {bad}"
+
+
+def test_default_form_on_cuda_is_triton():
+    import loglin_edu as le
+    from loglin_edu.kernels import step9_loglinear_gated_deltanet as kernel
+
+    calls = []
+    original = kernel.LogLinearGatedDeltaNet.apply
+    kernel.LogLinearGatedDeltaNet.apply = lambda *a: calls.append(1) or original(*a)
+    try:
+        x = torch.nn.functional.normalize(torch.randn(1, 100, 2, 16, device="cuda"), dim=-1)
+        g, beta = -torch.rand(1, 100, 2, device="cuda"), torch.rand(1, 100, 2, device="cuda")
+        le.loglinear_attention(x, x, x, torch.rand(1, 100, 2, 8, device="cuda"), g, beta)
+    finally:
+        kernel.LogLinearGatedDeltaNet.apply = original
+    assert calls, "form=None on CUDA tensors with beta did not take the Triton path"
+
+
+def test_layer_triton_backend_matches_torch_on_cuda():
+    from loglin_edu.layers import LogLinearGatedDeltaNet
+
+    torch.manual_seed(0)
+    layer = LogLinearGatedDeltaNet(64, num_heads=4, max_len=512, backend="torch").cuda()
+    x = torch.randn(2, 300, 64, device="cuda")
+    results = {}
+    for backend in ("torch", "triton"):
+        layer.backend = backend
+        layer.zero_grad()
+        out = layer(x)
+        (out * torch.linspace(-1, 1, out.numel(), device="cuda").view_as(out)).sum().backward()
+        results[backend] = (out.detach(), {n: p.grad.clone() for n, p in layer.named_parameters()})
+    rel = lambda a, b: (torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b)).item()  # noqa: E731
+    assert rel(results["triton"][0], results["torch"][0]) < 1e-4
+    for name, grad in results["torch"][1].items():
+        assert rel(results["triton"][1][name], grad) < 1e-3, name

@@ -1,0 +1,42 @@
+"""The results files are found through the installed package (``loglin_edu.viz.results``), every one of them
+parses, and every one carries the provenance its caption is made from."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from loglin_edu.viz import results
+
+RESULTS = Path(__file__).resolve().parents[1] / "book" / "results"
+
+
+def test_every_results_file_of_the_repository_is_found():
+    assert results.names() == sorted(p.name for p in RESULTS.glob("*.json"))
+    assert results.names(".png") == sorted(p.name for p in RESULTS.glob("*.png"))
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in RESULTS.glob("*.json")))
+def test_load_returns_the_file_and_its_caption_names_the_device(name):
+    record = results.load(name)
+    assert record == json.loads((RESULTS / f"{name}.json").read_text())
+    assert record == results.load(name + ".json")
+    caption = results.caption(record)
+    assert caption.split(" · ")[0] != "unknown device", caption
+
+
+def test_caption_lists_device_versions_and_date_and_the_commit_only_when_asked():
+    record = {"commit": "abc1234", "date": "2026-01-02T03:04:05+00:00",
+              "versions": {"device": "GPU X", "torch": "2.9", "triton": "3.6.0", "fla-core": "not installed"}}
+    assert results.caption(record) == "GPU X · torch 2.9 · triton 3.6.0 · 2026-01-02"
+    assert results.caption(record, commit=True).endswith(" · code abc1234")
+
+
+def test_an_unknown_name_lists_the_files():
+    with pytest.raises(ValueError, match="kernels_h200.json"):
+        results.load("no_such_result")
+
+
+def test_plots_are_read_as_bytes():
+    for name in results.names(".png"):
+        assert results.read_bytes(name)[:8] == b"\x89PNG\r\n\x1a\n"
