@@ -35,7 +35,7 @@ from typing import Any
 from ...provenance import provenance, write_json
 from ...train import Member, TrainConfig, train
 from .report import results_record
-from .settings import TaskSpec, Tier, make_sets, model_config, state_size
+from .settings import TaskSpec, Tier, base_model, make_sets, model_config, state_size
 
 PLAN_SHARE = 0.75  # of the seconds left, for training steps (evaluations and contention take the rest)
 FINISH_S = 60.0  # before the budget's end: the jobs' last evaluations (side by side), checkpoints, results
@@ -105,7 +105,7 @@ def run_tier(name: str, tier: Tier, *, out: Path | None, device: str, progress: 
 def grid(tiers: dict[str, Tier]) -> list[tuple[str, str, int]]:
     """Every job ``(tier name, model, width)`` of ``tiers``, the slowest models and widest first."""
     jobs = [(n, m, w) for n, t in tiers.items() for w in t.widths for m in t.models]
-    return sorted(jobs, key=lambda job: (SLOWEST_FIRST.get(job[1].split("_tied")[0], 5), -job[2]))
+    return sorted(jobs, key=lambda job: (SLOWEST_FIRST[base_model(job[1])], -job[2]))
 
 
 def slug(name: str) -> str:
@@ -129,7 +129,8 @@ def run_piece(tiers: dict[str, Tier], out: Path, device: str, *, budget_s: float
     """One piece: every job of ``tiers`` in its own worker process on one device (module docstring).
 
     budget_s: the piece's wall-clock seconds (None: no deadline, and totals are the tiers' own steps); modes:
-    model -> training-step mode (``eager``, ``graphs``, ``compiled``, ``compiled+graphs``; default: the tier's);
+    model -> training-step mode (``eager``, ``graphs``, ``compiled``, ``compiled+graphs``; a λ-tied variant takes
+    its model's; default: the tier's);
     jobs: at most this many at once (with a budget every job must run at once). Returns the jobs it ran.
     """
     start = time.time()
@@ -153,7 +154,7 @@ def run_piece(tiers: dict[str, Tier], out: Path, device: str, *, budget_s: float
         while pending and len(running) < jobs:
             job = pending.pop(0)
             running[job] = start_worker(tiers[job[0]], job, out, device, deadline, job in unplanned,
-                                        (modes or {}).get(job[1]))
+                                        (modes or {}).get(base_model(job[1])))
         time.sleep(0.5)
         for job, proc in list(running.items()):
             if proc.poll() is not None:
