@@ -345,3 +345,20 @@ def test_a_piece_of_worker_processes_plans_trains_and_merges(tmp_path):
     experiment.run_piece({"gpu/mqar": tier}, tmp_path, "cpu", budget_s=240)
     again = experiment.merge({"gpu/mqar": tier}, tmp_path, device="cpu")["tiers"]["gpu/mqar"]
     assert [j["steps_done"] for j in again["jobs"]] == [plans[0]["steps"]] * 2
+
+
+def test_merge_keeps_the_tiers_merged_before(tmp_path, monkeypatch):
+    """A second task merged later (another piece, another machine) joins the tiers already in the results file;
+    the tiers merged now replace their older versions."""
+    from loglin_edu.experiments.mqar import __main__ as cli
+
+    earlier = dict(what="x", tiers={"gpu/lagged": dict(tier="gpu/lagged", old=True), "gpu/mqar": dict(old=True)})
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / cli.MERGED).write_text(json.dumps(earlier))
+    monkeypatch.setattr(cli, "merge", lambda tiers, out, **kw: dict(what="y", tiers={"gpu/mqar": dict(old=False)}))
+    monkeypatch.setattr(cli, "summary_table", lambda result: [])
+    cli.main(["--tier", "gpu", "--task", "mqar", "--merge", "--out", str(tmp_path / "run"), "--results",
+              str(tmp_path / "results"), "--device", "cpu"])
+    merged = json.loads((tmp_path / "results" / cli.MERGED).read_text())
+    assert merged["what"] == "y" and merged["tiers"] == {"gpu/lagged": dict(tier="gpu/lagged", old=True),
+                                                        "gpu/mqar": dict(old=False)}

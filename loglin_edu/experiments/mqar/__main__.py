@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, help="gpu tier without a budget: at most this many jobs at once")
     parser.add_argument("--merge", action="store_true", help="gpu tier: merge the run folder's job results into "
                                                              f"one file, {MERGED}, in --results (or --out)")
+    parser.add_argument("--keep", type=Path, help="--merge: a merged file whose other tiers the new file keeps "
+                                                  f"(default: an existing {MERGED} at the destination)")
     parser.add_argument("--mode", choices=MODES, help="training-step mode of every job (default: the tier's)")
     parser.add_argument("--modes-from", type=Path, help="a step-time benchmark JSON: each model gets the mode that "
                                                         "trains most within --budget-s")
@@ -117,7 +119,11 @@ def main(argv: list[str] | None = None) -> None:
     tiers = {name: choose_tier(args, name) for name in TASKS[args.task]}
     if args.merge:
         merged = merge(tiers, args.out, device=device, commit=args.commit, command=command)
-        write_json((args.results or args.out) / MERGED, merged)
+        destination = (args.results or args.out) / MERGED
+        kept = args.keep or (destination if destination.exists() else None)
+        if kept is not None:  # tiers merged before (another task, another machine) stay
+            merged["tiers"] = {**json.loads(kept.read_text())["tiers"], **merged["tiers"]}
+        write_json(destination, merged)
         for name, result in merged["tiers"].items():
             print(name)
             print("\n".join(summary_table(result)))
