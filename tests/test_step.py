@@ -84,8 +84,8 @@ def test_a_captured_run_resumes_as_if_uninterrupted(tmp_path):
           stop_at=5)
     resumed = train(config("loglinear_mamba2"), MEMBERS, TRAIN, TEST, cfg, out_dir=tmp_path / "b", progress=False,
                     device="cuda")
-    assert resumed["complete"] and straight["final"][0]["train_loss"] == pytest.approx(resumed["final"][0]["train_loss"],
-                                                                                     rel=1e-5)
+    assert resumed["complete"]
+    assert straight["final"][0]["train_loss"] == pytest.approx(resumed["final"][0]["train_loss"], rel=1e-5)
     a = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False, map_location="cpu")["models"]
     b = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False, map_location="cpu")["models"]
     for x, y in zip(a, b):

@@ -208,8 +208,8 @@ def train(
     ``config.steps`` from the measured step time (:class:`Planner`); on_evaluation: called with the record so
     far after every evaluation (a job's results file stays current). Returns ``dict(name, model, parameters,
     members, config, history, final, seconds, complete, steps_done, seconds_per_step, step_mode,
-    capture_error)``; ``history`` holds the evaluation lines; ``seconds_per_step`` is measured between two
-    device synchronisations over the last stretch of steps without an evaluation.
+    capture_error, stopped_by_deadline)``; ``history`` holds the evaluation lines; ``seconds_per_step`` is
+    measured between two device synchronisations over the last stretch of steps without an evaluation.
     """
     device = torch.device(device)
     config = replace(config)  # a planner may change its steps
@@ -227,6 +227,7 @@ def train(
     bar = tqdm(total=max(0, config.steps - start), desc=name, disable=not progress, file=sys.stderr, dynamic_ncols=True)
     tick = time.perf_counter()
     timing = dict(since=None, from_step=run.step, seconds_per_step=None)
+    stopped_by_deadline = False
 
     def record(complete: bool) -> dict[str, Any]:
         history = run.history
@@ -236,6 +237,7 @@ def train(
             members=[asdict(m) for m in members], config=config.to_dict(), history=history, final=final,
             seconds=round(run.seconds, 3), complete=complete, steps_done=run.step,
             seconds_per_step=timing["seconds_per_step"], step_mode=step.mode, capture_error=step.capture_error,
+            stopped_by_deadline=stopped_by_deadline,
         )
 
     def mark() -> None:  # the clock after the device has caught up, at a step boundary
@@ -275,6 +277,7 @@ def train(
         if config.checkpoint_every and run.step % config.checkpoint_every == 0 and not last:
             run.checkpoint()
         if out_of_time:
+            stopped_by_deadline = True
             break
     bar.close()
     run.seconds += time.perf_counter() - tick

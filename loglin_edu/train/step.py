@@ -72,9 +72,11 @@ class TrainingStep:
         self.device = run.loss_sum.device
         self.mode = step_mode(config)
         if config.graphs and self.device.type != "cuda":
-            raise ValueError(f"graphs=True captures the step in a CUDA graph: it needs a CUDA device, got {self.device}")
+            raise ValueError(f"graphs=True captures the step in a CUDA graph: it needs a CUDA device, "
+                             f"got {self.device}")
         if config.graphs and not all(g.get("capturable") for g in run.optimizer.param_groups):
-            raise ValueError("graphs=True needs an optimiser made with capturable=True (make_optimizer(capturable=...))")
+            raise ValueError("graphs=True needs an optimiser made with capturable=True "
+                             "(make_optimizer(capturable=...))")
         self.losses = torch.compile(self.uncompiled_losses, dynamic=False) if config.compile else self.uncompiled_losses
         self.capture_error: str | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -91,7 +93,8 @@ class TrainingStep:
             self.side_stream = torch.cuda.Stream(self.device)
 
     def uncompiled_losses(self, rows: list[torch.Tensor]) -> torch.Tensor:
-        return member_losses(self.run.ensemble, self.train_sets, rows, self.config.amp, cast_cache=not self.config.graphs)
+        return member_losses(self.run.ensemble, self.train_sets, rows, self.config.amp,
+                             cast_cache=not self.config.graphs)
 
     # ------------------------------------------------------------------ the inputs of a step
 

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     command = "python -m loglin_edu.experiments.mqar " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.tier == "cpu":
         if device == "cpu":
-            torch.set_num_threads(1)  # such small tensors gain nothing from a second thread, and lose a lot on a busy machine
+            torch.set_num_threads(1)  # small tensors gain nothing from a second thread, and lose a lot on a busy CPU
         tier = choose_tier(args, "cpu")
         result = run_tier("cpu", tier, out=args.out, device=device, progress=not args.no_progress, commit=args.commit,
                           command=command)

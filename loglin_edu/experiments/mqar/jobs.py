@@ -40,7 +40,8 @@ from .settings import TaskSpec, Tier, base_model, make_sets, model_config, state
 PLAN_SHARE = 0.75  # of the seconds left, for training steps (evaluations and contention take the rest)
 FINISH_S = 60.0  # before the budget's end: the jobs' last evaluations (side by side), checkpoints, results
 PLAN_WAIT_S = 0.5  # a worker's polling interval for its plan
-SLOWEST_FIRST = {"loglinear_gated_deltanet": 0, "gated_deltanet": 1, "loglinear_mamba2": 2, "mamba2": 3, "transformer": 4}
+SLOWEST_FIRST = {"loglinear_gated_deltanet": 0, "gated_deltanet": 1, "loglinear_mamba2": 2, "mamba2": 3,
+                 "transformer": 4}
 
 
 class FilePlanner:
@@ -81,8 +82,8 @@ def run_job(tier: Tier, model: str, width: int, *, out_dir: Path | None, device:
         write_json(out_dir / "record.json", {**record, **extra})
 
     record = train(config, members, train_sets, test_sets, tier.train, out_dir=out_dir, name=job_name(model, width),
-                   device=device, progress=progress, stop_at=stop_at, deadline=deadline, validation_sets=validation_sets,
-                   planner=planner, on_evaluation=save if out_dir is not None else None)
+                   device=device, progress=progress, stop_at=stop_at, deadline=deadline,
+                   validation_sets=validation_sets, planner=planner, on_evaluation=save if out_dir is not None else None)
     record.update(extra)
     return record
 
@@ -210,7 +211,8 @@ def start_worker(tier: Tier, job, out: Path, device: str, deadline: float | None
     if not plan and (folder / "plan.json").exists():
         tier = replace(tier, train=replace(tier.train, steps=json.loads((folder / "plan.json").read_text())["steps"]))
     if mode is not None:
-        tier = replace(tier, train=replace(tier.train, compile=mode.startswith("compiled"), graphs=mode.endswith("graphs")))
+        modes = dict(compile=mode.startswith("compiled"), graphs=mode.endswith("graphs"))
+        tier = replace(tier, train=replace(tier.train, **modes))
     cmd = [sys.executable, "-m", "loglin_edu.experiments.mqar", "--tier", "gpu", "--worker", job[1], str(job[2]),
            "--out", str(folder), "--device", device, "--tier-json", json.dumps(tier_to_dict(tier))]
     if deadline is not None:
@@ -232,8 +234,8 @@ def worker(tier: Tier, model: str, width: int, job_dir: Path, device: str, *, de
 
 def assemble(name: str, tier: Tier, out: Path) -> list[dict[str, Any]]:
     """The records of a tier's jobs, read from their folders. A job without a results file (it never reached an
-    evaluation) gets a record with no evaluation, ``complete`` False and the end of its ``stdout.txt`` as
-    ``error``; so does a job whose results file says it stopped early, with the error added."""
+    evaluation) gets a record with no evaluation and ``complete`` False; a job that stopped early and was not
+    stopped by its deadline (it failed, or was killed) gets the end of its ``stdout.txt`` as ``error``."""
     records = []
     for w in tier.widths:
         for m in tier.models:
@@ -246,8 +248,8 @@ def assemble(name: str, tier: Tier, out: Path) -> list[dict[str, Any]]:
             else:
                 record = dict(name=job_name(m, w), model_name=m, width=w, members=[], history=[], final=[],
                               complete=False, steps_done=0)
-            if not record["complete"]:
-                record["error"] = tail[0] if tail else "no output"
+            if not record["complete"] and not record.get("stopped_by_deadline"):
+                record["error"] = tail[0] if tail else "stopped without output (killed?)"
             plan = folder / "plan.json"
             if plan.exists():
                 record["plan"] = json.loads(plan.read_text())

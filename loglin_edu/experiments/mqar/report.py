@@ -16,6 +16,7 @@ from ...provenance import provenance
 from .settings import LABELS, PAPER_MQAR, PAPER_MQAR_AT_LEAST, ZOOLOGY_SEQUENCES, Tier, base_model
 
 GATE_ACCURACY = 0.99
+STEP_TOLERANCE = 0.05  # two cells whose final steps differ by more than this were not trained alike
 LEARNED = 0.05  # below this accuracy (%/100) a model has not left the initial plateau
 
 
@@ -159,12 +160,15 @@ def verdict(result: dict[str, Any], model: str, baseline: str, width: int) -> di
     - contradicted: ours is separated in the opposite direction;
     - not at this scale: anything else (within the seed spread, or neither model learned the task).
 
-    No verdict (None) when a cell is missing or the two were not trained alike (a job stopped before its last
-    step, or different numbers of steps): ``equal_training`` says which.
+    No verdict (None) when a cell is missing or the two were not trained alike: ``equal_training`` is False when
+    their final steps differ by more than :data:`STEP_TOLERANCE` (a deadline stopped one of them early);
+    ``steps`` gives each one's.
     """
     c = compare(result, model, baseline, width)
     rows = [r for r in result["best"] if r["width"] == width and r["model"] in (model, baseline)]
-    equal_training = bool(rows) and all(r.get("complete", True) for r in rows) and len({r.get("step") for r in rows}) == 1
+    steps = {m: sorted({r.get("step") for r in rows if r["model"] == m}) for m in (model, baseline)}
+    done = [r["step"] for r in rows if r.get("step") is not None]
+    equal_training = bool(rows) and (not done or min(done) >= (1 - STEP_TOLERANCE) * max(done))
     paper = None
     if result["data"]["task"] == "mqar" and model in PAPER_MQAR and baseline in PAPER_MQAR:
         paper = dict(model=PAPER_MQAR[model][width], baseline=PAPER_MQAR[baseline][width],
@@ -179,7 +183,7 @@ def verdict(result: dict[str, Any], model: str, baseline: str, width: int) -> di
     else:
         label = SAME if c["better"] else CONTRADICTED
     return dict(claim=f"{LABELS[model]} ≥ {LABELS[baseline]}", model=model, baseline=baseline, width=width,
-                paper=paper, ours=c, equal_training=equal_training, verdict=label)
+                paper=paper, ours=c, equal_training=equal_training, steps=steps, verdict=label)
 
 
 def claims(result: dict[str, Any]) -> list[tuple[str, str, int]]:
@@ -238,5 +242,6 @@ def summary_table(result: dict[str, Any]) -> list[str]:
         lines.append(f"{LABELS[model]:<40}" + "".join(f"{c:>16}" for c in cells))
     gate = result["gate"]
     lines.append(f"gate (Transformer >= {100 * gate['threshold']:.0f} % at every width): "
-                 + ("passed" if gate["passed"] else "FAILED, no verdicts") + "; * a seed chose a rate at the grid's edge")
+                 + ("passed" if gate["passed"] else "FAILED, no verdicts")
+                 + "; * a seed chose a rate at the grid's edge")
     return lines

@@ -143,7 +143,8 @@ def mixer_options(model: str, width: int, chunk_size: int, backend: str = "torch
 def model_config(tier: Tier, model: str, width: int) -> ModelConfig:
     """The :class:`~loglin_edu.layers.ModelConfig` of ``model`` at ``width`` in ``tier``."""
     return ModelConfig(
-        base_model(model), vocab_size=tier.data.vocab_size, d_model=width, n_layers=tier.n_layers, max_len=tier.data.seq_len,
+        base_model(model), vocab_size=tier.data.vocab_size, d_model=width, n_layers=tier.n_layers,
+        max_len=tier.data.seq_len,
         mixer_options=mixer_options(model, width, tier.chunk_size, tier.backend, tier.attention_conv,
                                     tier.attention_rope),
     )
@@ -156,7 +157,8 @@ def state_size(config: ModelConfig) -> int:
     return mixer.state_size() if hasattr(mixer, "state_size") else 0
 
 
-def make_sets(spec: TaskSpec, cache: Path | None = None) -> tuple[list[RecallSet], dict[str, RecallSet], dict[str, RecallSet]]:
+def make_sets(spec: TaskSpec, cache: Path | None = None
+              ) -> tuple[list[RecallSet], dict[str, RecallSet], dict[str, RecallSet]]:
     """Training sets (one per size), validation and test sets (named ``pairs=P`` or ``queries=Q``).
 
     The three splits of a size are drawn with different seeds, and a validation or test sequence identical to

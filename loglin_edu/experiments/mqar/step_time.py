@@ -128,7 +128,8 @@ def speedups(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     for model in dict.fromkeys(r["model"] for r in rows):
         eager = next((r["ms_per_step"] for r in rows if r["model"] == model and r["mode"] == "eager"), None)
         if eager is not None:
-            out[model] = {r["mode"]: eager / r["ms_per_step"] for r in rows if r["model"] == model and r["mode"] != "eager"}
+            out[model] = {r["mode"]: eager / r["ms_per_step"] for r in rows
+                          if r["model"] == model and r["mode"] != "eager"}
     return out
 
 
@@ -139,8 +140,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tier", default="gpu/mqar", choices=list(TIERS), help="whose step (default: gpu/mqar)")
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--modes", default=None, help=f"comma-separated subset of {','.join(MODES)} (default: "
-                                                      "eager, graphs, compiled+graphs on CUDA; eager, compiled on a CPU)")
+    parser.add_argument("--modes", default=None,
+                        help=f"comma-separated subset of {','.join(MODES)} (default: eager, graphs, compiled+graphs "
+                             "on CUDA; eager, compiled on a CPU)")
     parser.add_argument("--train-examples", type=int, default=None,
                         help="training sequences per set (default: the tier's, so compiled kernels are the runs' own)")
     parser.add_argument("--device", default=None)
@@ -172,7 +174,8 @@ def run_workers(args: argparse.Namespace, argv: list[str] | None, modes: list[st
     start = time.perf_counter()
     processes = []
     for model in models:
-        cmd = [sys.executable, "-m", "loglin_edu.experiments.mqar.step_time", "--out", str(args.out), "--tier", args.tier,
+        cmd = [sys.executable, "-m", "loglin_edu.experiments.mqar.step_time", "--out", str(args.out),
+               "--tier", args.tier,
                "--width", str(args.width), "--modes", ",".join(modes), "--train-examples", str(args.train_examples),
                "--device", str(device), "--worker", model, "--folder", str(folder), "--count", str(len(models))]
         log = (folder / f"log-{model}.txt").open("w")
@@ -198,7 +201,8 @@ def run_workers(args: argparse.Namespace, argv: list[str] | None, modes: list[st
     write_json(args.out, result)
     for r in rows:
         print(f"{r['model']:<28}{r['mode']:<18}{r['ms_per_step']:9.2f} ms/step   first step after "
-              f"{r['seconds_to_first_step']:6.1f} s" + (f"   capture failed: {r['capture_error']}" if r["capture_error"] else ""))
+              f"{r['seconds_to_first_step']:6.1f} s"
+              + (f"   capture failed: {r['capture_error']}" if r["capture_error"] else ""))
     for model, log in failed.items():
         print(f"{model} failed:\n{log}", file=sys.stderr)
 
