@@ -143,8 +143,13 @@ class TrainingStep:
         self.eager_steps += 1
 
     def capture(self) -> None:
-        """Record :meth:`body` into a CUDA graph (gradients are then written, not accumulated, at every replay)."""
+        """Record :meth:`body` into a CUDA graph (gradients are then written, not accumulated, at every replay).
+
+        The memory the eager steps left cached goes back to the device first: the graph keeps its own pool, and
+        jobs that share one GPU should not hold both."""
         self.run.optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
