@@ -127,3 +127,18 @@ def test_a_run_resumed_in_another_step_mode_trains_on(tmp_path):
     for x, y in zip(a, b):
         for key in x:
             assert torch.allclose(x[key], y[key], rtol=1e-4, atol=1e-6), key
+
+
+def test_a_compilation_that_fails_leaves_the_run_uncompiled(monkeypatch):
+    """torch.compile raising at the first step (an unsupported operator, a missing compiler): the run trains on
+    uncompiled, records why, and its steps equal an eager run's."""
+    def broken(fn, **_):
+        def call(*args):
+            raise RuntimeError("no compiler here")
+        return call
+
+    eager = train(config("mamba2"), MEMBERS, TRAIN, TEST, STEPS, progress=False)
+    monkeypatch.setattr(torch, "compile", broken)
+    fallen = train(config("mamba2"), MEMBERS, TRAIN, TEST, replace(STEPS, compile=True), progress=False)
+    assert fallen["compile_error"] == "RuntimeError: no compiler here" and fallen["step_mode"] == "eager"
+    assert [line["train_loss"] for line in fallen["history"]] == [line["train_loss"] for line in eager["history"]]

@@ -208,7 +208,7 @@ def train(
     ``config.steps`` from the measured step time (:class:`Planner`); on_evaluation: called with the record so
     far after every evaluation (a job's results file stays current). Returns ``dict(name, model, parameters,
     members, config, history, final, seconds, complete, steps_done, seconds_per_step, step_mode,
-    capture_error, stopped_by_deadline)``; ``history`` holds the evaluation lines; ``seconds_per_step`` is
+    capture_error, compile_error, stopped_by_deadline)``; ``history`` holds the evaluation lines; ``seconds_per_step`` is
     measured between two device synchronisations over the last stretch of steps without an evaluation.
     """
     device = torch.device(device)
@@ -237,7 +237,7 @@ def train(
             members=[asdict(m) for m in members], config=config.to_dict(), history=history, final=final,
             seconds=round(run.seconds, 3), complete=complete, steps_done=run.step,
             seconds_per_step=timing["seconds_per_step"], step_mode=step.mode, capture_error=step.capture_error,
-            stopped_by_deadline=stopped_by_deadline,
+            compile_error=step.compile_error, stopped_by_deadline=stopped_by_deadline,
         )
 
     def mark() -> None:  # the clock after the device has caught up, at a step boundary

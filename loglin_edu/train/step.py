@@ -63,7 +63,8 @@ class TrainingStep:
     train_sets: the sets on the run's device; per_set: rows of each set per member and step; window: steps whose
     rows and learning rates are prepared at once. ``mode`` says how steps run; with graphs, the first
     :data:`EAGER_STEPS_BEFORE_CAPTURE` steps run eagerly on a side stream, then the step is captured, and
-    ``capture_error`` holds the reason if capturing failed (steps then stay eager).
+    ``capture_error`` holds the reason if capturing failed (steps then stay eager); ``compile_error`` the reason
+    if compiling failed at the first step (the loss then runs uncompiled, and ``mode`` says so).
     """
 
     def __init__(self, run: "Run", train_sets: list[RecallSet], per_set: int, config: "TrainConfig",
@@ -79,6 +80,7 @@ class TrainingStep:
                              "(make_optimizer(capturable=...))")
         self.losses = torch.compile(self.uncompiled_losses, dynamic=False) if config.compile else self.uncompiled_losses
         self.capture_error: str | None = None
+        self.compile_error: str | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.eager_steps = 0
         self.prepared: dict[str, Any] = {}
@@ -139,7 +141,16 @@ class TrainingStep:
 
     def eager(self) -> None:
         self.run.optimizer.zero_grad(set_to_none=True)
-        self.body()
+        try:
+            self.body()
+        except Exception as error:  # noqa: BLE001 - compilation failed: the run goes on uncompiled and says why
+            if not self.config.compile or self.compile_error is not None or self.eager_steps > 0:
+                raise
+            self.compile_error = f"{type(error).__name__}: {error}"
+            print(f"torch.compile failed, the loss runs uncompiled: {self.compile_error}", file=sys.stderr, flush=True)
+            self.losses, self.mode = self.uncompiled_losses, self.mode.replace("compiled+", "").replace("compiled", "eager")
+            self.run.optimizer.zero_grad(set_to_none=True)
+            self.body()
         self.eager_steps += 1
 
     def capture(self) -> None:

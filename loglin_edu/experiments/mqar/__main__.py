@@ -51,7 +51,8 @@ def choose_tier(args: argparse.Namespace, name: str) -> Tier:
 def modes_from(path: Path, budget_s: float | None) -> dict[str, str]:
     """Per model, the training-step mode of a step-time benchmark file that trains the most steps in
     ``budget_s`` seconds (its time to the first step counted), or the fastest step without a budget."""
-    rows = [r for r in json.loads(path.read_text())["rows"] if not r["capture_error"]]
+    rows = [r for r in json.loads(path.read_text())["rows"]
+            if "ms_per_step" in r and not r["capture_error"] and not r.get("compile_error")]
 
     def steps(row: dict) -> float:
         return (budget_s - row["seconds_to_first_step"]) / row["ms_per_step"] if budget_s else 1 / row["ms_per_step"]

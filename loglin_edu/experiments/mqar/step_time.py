@@ -77,7 +77,8 @@ def measure(step, mode: str, model: str, width: int, cost: dict[str, Any], devic
     """One row: the step's median milliseconds (about 1.5 s of calls on CUDA, 5 calls on a CPU)."""
     ms = median_ms(step, device=device, repeats=5, warmup=1, cuda_ms=1500.0)
     return dict(model=model, width=width, mode=mode, ms_per_step=ms, seconds_to_first_step=round(cost["seconds"], 2),
-                run_gib=cost["gib"], members=len(step.run.members), capture_error=step.capture_error)
+                run_gib=cost["gib"], members=len(step.run.members), capture_error=step.capture_error,
+                compile_error=step.compile_error, ran_as=step.mode)
 
 
 @contextmanager
@@ -103,20 +104,28 @@ def worker(tier: Tier, model: str, width: int, modes: list[str], device: torch.d
     """The measurements of one mixer: compiled modes prepared first (side by side with the other processes), then,
     in this process's turn on the device, every mode measured (the others prepared and freed one by one)."""
     train_sets, _, _ = make_sets(tier.data)
-    prepared, rows = {}, []
+    prepared, failed, rows = {}, {}, []
     try:
         for mode in modes:
             if mode.startswith("compiled"):
-                prepared[mode] = prepared_step(tier, model, width, mode, device, train_sets)
+                try:
+                    prepared[mode] = prepared_step(tier, model, width, mode, device, train_sets)
+                except Exception as error:  # noqa: BLE001 - a mode that fails is reported, the others measured
+                    failed[mode] = f"{type(error).__name__}: {error}"
     finally:
         (folder / f"ready-{model}").touch()
     wait_for_all(folder, count)
     with device_turn(folder):
         for mode in sorted(modes, key=lambda m: m not in prepared):  # the prepared ones first, then freed
-            step, cost = prepared.pop(mode) if mode in prepared else prepared_step(tier, model, width, mode, device,
-                                                                                   train_sets)
-            rows.append(measure(step, mode, model, width, cost, device))
-            del step
+            try:
+                if mode in failed:
+                    raise RuntimeError(failed[mode])
+                step, cost = prepared.pop(mode) if mode in prepared else prepared_step(tier, model, width, mode,
+                                                                                       device, train_sets)
+                rows.append(measure(step, mode, model, width, cost, device))
+                del step
+            except Exception as error:  # noqa: BLE001
+                rows.append(dict(model=model, width=width, mode=mode, error=f"{type(error).__name__}: {error}"))
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return sorted(rows, key=lambda r: modes.index(r["mode"]))
@@ -124,7 +133,7 @@ def worker(tier: Tier, model: str, width: int, modes: list[str], device: torch.d
 
 def speedups(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per model: eager milliseconds divided by each other mode's."""
-    out = {}
+    out, rows = {}, [r for r in rows if "ms_per_step" in r]
     for model in dict.fromkeys(r["model"] for r in rows):
         eager = next((r["ms_per_step"] for r in rows if r["model"] == model and r["mode"] == "eager"), None)
         if eager is not None:
@@ -200,6 +209,9 @@ def run_workers(args: argparse.Namespace, argv: list[str] | None, modes: list[st
     )
     write_json(args.out, result)
     for r in rows:
+        if "error" in r:
+            print(f"{r['model']:<28}{r['mode']:<18}failed: {r['error'][:200]}")
+            continue
         print(f"{r['model']:<28}{r['mode']:<18}{r['ms_per_step']:9.2f} ms/step   first step after "
               f"{r['seconds_to_first_step']:6.1f} s"
               + (f"   capture failed: {r['capture_error']}" if r["capture_error"] else ""))
