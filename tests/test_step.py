@@ -103,7 +103,8 @@ def test_step_time_benchmark_writes_its_rows(tmp_path):
     step_time.main(["--out", str(out), "--tier", "cpu", "--width", "16", "--models", "transformer", "--modes", "eager",
                     "--train-examples", "100", "--device", "cpu"])
     result = json.loads(out.read_text())
-    assert not result["failed"] and [(r["model"], r["mode"]) for r in result["rows"]] == [("transformer", "eager")]
+    assert not result["failed"] and result["complete"]
+    assert [(r["model"], r["mode"]) for r in result["rows"]] == [("transformer", "eager")]
     assert result["rows"][0]["ms_per_step"] > 0 and {"commit", "device", "versions"} <= result.keys()
     assert list(tmp_path.iterdir()) == [out]  # the processes' working files stay out of the results folder
     assert step_time.speedups([dict(model="m", mode="eager", ms_per_step=10.0),
@@ -142,3 +143,24 @@ def test_a_compilation_that_fails_leaves_the_run_uncompiled(monkeypatch):
     fallen = train(config("mamba2"), MEMBERS, TRAIN, TEST, replace(STEPS, compile=True), progress=False)
     assert fallen["compile_error"] == "RuntimeError: no compiler here" and fallen["step_mode"] == "eager"
     assert [line["train_loss"] for line in fallen["history"]] == [line["train_loss"] for line in eager["history"]]
+
+
+def test_one_step_mode_for_a_piece_counts_its_compilation(tmp_path):
+    """Compiled steps are 3x faster but take 100 s to compile (scaled by the piece's jobs per measured model):
+    worth it in a long piece, not in a short one; a mode that failed for a model is never chosen."""
+    import json
+
+    from loglin_edu.experiments.mqar.__main__ import mode_from
+
+    def row(model, mode, ms, first, **extra):
+        return dict(model=model, mode=mode, ms_per_step=ms, seconds_to_first_step=first, capture_error=None, **extra)
+
+    rows = [row(m, "graphs", 30.0, 5.0) for m in ("a", "b")] + [row(m, "compiled+graphs", 10.0, 100.0) for m in ("a", "b")]
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(dict(modes=["graphs", "compiled+graphs"], rows=rows)))
+    assert mode_from(path, budget_s=3000, jobs=4) == "compiled+graphs"  # (3000 - 200) / 20 ms > (3000 - 10) / 60 ms
+    assert mode_from(path, budget_s=250, jobs=4) == "graphs"  # (250 - 200) / 20 ms < (250 - 10) / 60 ms
+    assert mode_from(path, budget_s=None, jobs=4) == "compiled+graphs"
+    rows[-1] = dict(model="b", mode="compiled+graphs", error="RuntimeError: no compiler")
+    path.write_text(json.dumps(dict(modes=["graphs", "compiled+graphs"], rows=rows)))
+    assert mode_from(path, budget_s=3000, jobs=4) == "graphs"

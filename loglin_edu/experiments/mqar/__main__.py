@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -48,17 +49,31 @@ def choose_tier(args: argparse.Namespace, name: str) -> Tier:
     return replace(tier, **changes)
 
 
-def modes_from(path: Path, budget_s: float | None) -> dict[str, str]:
-    """Per model, the training-step mode of a step-time benchmark file that trains the most steps in
-    ``budget_s`` seconds (its time to the first step counted), or the fastest step without a budget."""
-    rows = [r for r in json.loads(path.read_text())["rows"]
-            if "ms_per_step" in r and not r["capture_error"] and not r.get("compile_error")]
+def mode_from(path: Path, budget_s: float | None, jobs: int) -> str:
+    """The training-step mode of a step-time benchmark file under which every job trains the most steps.
 
-    def steps(row: dict) -> float:
-        return (budget_s - row["seconds_to_first_step"]) / row["ms_per_step"] if budget_s else 1 / row["ms_per_step"]
-
-    return {model: max((r for r in rows if r["model"] == model), key=steps)["mode"]
-            for model in dict.fromkeys(r["model"] for r in rows)}
+    Jobs of a piece share the device and wait for each other before their steps are planned, so one mode serves
+    all: the one maximising ``(budget_s - compile seconds) / Σ_models ms per step``, where a mode's compile
+    seconds are its slowest model's time to the first step, scaled by ``jobs / models measured`` (the piece
+    compiles that many jobs side by side on the same CPUs). Without a budget: the fastest step. Modes that
+    failed for some model are skipped.
+    """
+    result = json.loads(path.read_text())
+    models = sorted({r["model"] for r in result["rows"]})
+    best, best_steps = None, -math.inf
+    for mode in result["modes"]:
+        rows = [r for r in result["rows"] if r["mode"] == mode and "ms_per_step" in r and not r["capture_error"]
+                and not r.get("compile_error")]
+        if len(rows) < len(models):
+            continue
+        per_step = sum(r["ms_per_step"] for r in rows) / 1e3
+        warm_up = max(r["seconds_to_first_step"] for r in rows) * max(1.0, jobs / len(models))
+        steps = (budget_s - warm_up) / per_step if budget_s else 1 / per_step
+        if steps > best_steps:
+            best, best_steps = mode, steps
+    if best is None:
+        raise ValueError(f"{path}: no mode ran for every model")
+    return best
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -76,8 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep", type=Path, help="--merge: a merged file whose other tiers the new file keeps "
                                                   f"(default: an existing {MERGED} at the destination)")
     parser.add_argument("--mode", choices=MODES, help="training-step mode of every job (default: the tier's)")
-    parser.add_argument("--modes-from", type=Path, help="a step-time benchmark JSON: each model gets the mode that "
-                                                        "trains most within --budget-s")
+    parser.add_argument("--mode-from", type=Path, help="a step-time benchmark JSON: every job gets the mode that "
+                                                       "trains most within --budget-s (compilation counted)")
     parser.add_argument("--models", help="comma-separated subset of " + ",".join(MODELS) + " (and *_tied variants)")
     parser.add_argument("--widths", help="comma-separated model widths")
     parser.add_argument("--seeds", help="comma-separated seeds")
@@ -129,9 +144,12 @@ def main(argv: list[str] | None = None) -> None:
             print(name)
             print("\n".join(summary_table(result)))
         return
-    modes = modes_from(args.modes_from, args.budget_s) if args.modes_from else None
-    if modes:
-        print("step modes: " + ", ".join(f"{m} {mode}" for m, mode in modes.items()), flush=True)
+    modes = None
+    if args.mode_from:
+        count = sum(len(t.models) * len(t.widths) for t in tiers.values())
+        mode = mode_from(args.mode_from, args.budget_s, count)
+        modes = {m: mode for t in tiers.values() for m in t.models}
+        print(f"step mode of every job: {mode} (from {args.mode_from})", flush=True)
     done = run_piece(tiers, args.out, device, budget_s=args.budget_s, modes=modes, jobs=args.jobs)
     print(f"{len(done)} jobs of {', '.join(slug(n) for n in tiers)} in {args.out}; merge with --merge", flush=True)
 

@@ -177,38 +177,44 @@ def main(argv: list[str] | None = None) -> None:
 
 def run_workers(args: argparse.Namespace, argv: list[str] | None, modes: list[str], tier: Tier, device: torch.device,
                 folder: Path) -> None:
-    """Start one process per mixer (their ready files, lock, logs and rows go to ``folder``), gather their rows
-    and write the results file."""
+    """Start one process per mixer (their ready files, lock, logs and rows go to ``folder``), and write the results
+    file each time one finishes (``complete`` once all have: a benchmark stopped early keeps what it measured)."""
     models = args.models.split(",")
     start = time.perf_counter()
-    processes = []
+    processes = {}
+    threads = str(max(1, (os.cpu_count() or 1) // len(models)))  # compile workers per process
     for model in models:
         cmd = [sys.executable, "-m", "loglin_edu.experiments.mqar.step_time", "--out", str(args.out),
-               "--tier", args.tier,
-               "--width", str(args.width), "--modes", ",".join(modes), "--train-examples", str(args.train_examples),
-               "--device", str(device), "--worker", model, "--folder", str(folder), "--count", str(len(models))]
+               "--tier", args.tier, "--width", str(args.width), "--modes", ",".join(modes), "--device", str(device),
+               "--worker", model, "--folder", str(folder), "--count", str(len(models))]
+        if args.train_examples:
+            cmd += ["--train-examples", str(args.train_examples)]
         log = (folder / f"log-{model}.txt").open("w")
-        threads = str(max(1, (os.cpu_count() or 1) // len(models)))  # compile workers per process
-        processes.append((model, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(
-            os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS=threads))))
-    rows, failed = [], {}
-    for model, process in processes:
-        if process.wait() == 0 and (folder / f"rows-{model}.json").exists():
-            rows += json.loads((folder / f"rows-{model}.json").read_text())
-        else:
-            failed[model] = (folder / f"log-{model}.txt").read_text()[-2000:]
+        processes[model] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(
+            os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS=threads))
     command = "python -m loglin_edu.experiments.mqar.step_time " + " ".join(argv if argv is not None else sys.argv[1:])
     members = len(tier.seeds) * len(tier.lrs)
-    result = dict(
-        what=f"milliseconds per training step of the {args.tier} tier's ensembles: T = {tier.data.seq_len}, batch "
-             f"{tier.train.batch_size} per member, vocabulary {tier.data.vocab_size}, {tier.n_layers} layers, width "
-             f"{args.width}, {members} members (seeds × learning rates)",
-        **provenance(command, device), seconds=round(time.perf_counter() - start, 1), tier=args.tier, width=args.width,
-        members=members, batch_size=tier.train.batch_size, seq_len=tier.data.seq_len, modes=modes, rows=rows,
-        speedup=speedups(rows), failed=failed,
-    )
-    write_json(args.out, result)
-    for r in rows:
+    rows, failed, running = [], {}, dict(processes)
+    while running:
+        time.sleep(0.5)
+        for model, process in list(running.items()):
+            if process.poll() is None:
+                continue
+            del running[model]
+            if process.returncode == 0 and (folder / f"rows-{model}.json").exists():
+                rows += json.loads((folder / f"rows-{model}.json").read_text())
+            else:
+                failed[model] = (folder / f"log-{model}.txt").read_text()[-2000:]
+            write_json(args.out, dict(
+                what=f"milliseconds per training step of the {args.tier} tier's ensembles: T = {tier.data.seq_len}, "
+                     f"batch {tier.train.batch_size} per member, vocabulary {tier.data.vocab_size}, {tier.n_layers} "
+                     f"layers, width {args.width}, {members} members (seeds × learning rates)",
+                **provenance(command, device), seconds=round(time.perf_counter() - start, 1), tier=args.tier,
+                width=args.width, members=members, batch_size=tier.train.batch_size, seq_len=tier.data.seq_len,
+                modes=modes, rows=sorted(rows, key=lambda r: (models.index(r["model"]), modes.index(r["mode"]))),
+                speedup=speedups(rows), failed=failed, complete=not running,
+            ))
+    for r in json.loads(args.out.read_text())["rows"]:
         if "error" in r:
             print(f"{r['model']:<28}{r['mode']:<18}failed: {r['error'][:200]}")
             continue
