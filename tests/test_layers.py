@@ -168,6 +168,9 @@ def test_triton_backend_refuses_what_its_kernel_does_not_compute():
 def test_backend_resolution():
     x = torch.zeros(1)
     assert resolve_backend("auto", x, loglinear=True, beta=False) == "torch"  # CPU tensor
+    from loglin_edu.ops import kernel_by_default
+
+    assert kernel_by_default(True, False) and not kernel_by_default(True, True) and not kernel_by_default(False, False)
     assert resolve_backend("torch", x, loglinear=True, beta=False) == "torch"
     with pytest.raises(ValueError, match="backend must be one of"):
         resolve_backend("cuda", x, loglinear=True, beta=False)
