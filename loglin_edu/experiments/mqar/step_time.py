@@ -19,6 +19,7 @@ import argparse
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -195,6 +196,28 @@ def run_workers(args: argparse.Namespace, argv: list[str] | None, modes: list[st
     command = "python -m loglin_edu.experiments.mqar.step_time " + " ".join(argv if argv is not None else sys.argv[1:])
     members = len(tier.seeds) * len(tier.lrs)
     rows, failed, running = [], {}, dict(processes)
+    before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped from outside: stop the workers too
+    try:
+        collect(args, running, rows, failed, folder, start, command, members, models, modes, tier, device)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        for process in running.values():
+            process.kill()
+    for r in json.loads(args.out.read_text())["rows"] if args.out.exists() else []:
+        if "error" in r:
+            print(f"{r['model']:<28}{r['mode']:<18}failed: {r['error'][:200]}")
+            continue
+        print(f"{r['model']:<28}{r['mode']:<18}{r['ms_per_step']:9.2f} ms/step   first step after "
+              f"{r['seconds_to_first_step']:6.1f} s"
+              + (f"   capture failed: {r['capture_error']}" if r["capture_error"] else ""))
+    for model, log in failed.items():
+        print(f"{model} failed:\n{log}", file=sys.stderr)
+
+
+def collect(args, running, rows, failed, folder: Path, start: float, command: str, members: int, models: list[str],
+            modes: list[str], tier: Tier, device: torch.device) -> None:
+    """Wait for the processes in ``running``; each time one finishes, add its rows (or its log's end to
+    ``failed``) and rewrite the results file."""
     while running:
         time.sleep(0.5)
         for model, process in list(running.items()):
@@ -214,15 +237,6 @@ def run_workers(args: argparse.Namespace, argv: list[str] | None, modes: list[st
                 modes=modes, rows=sorted(rows, key=lambda r: (models.index(r["model"]), modes.index(r["mode"]))),
                 speedup=speedups(rows), failed=failed, complete=not running,
             ))
-    for r in json.loads(args.out.read_text())["rows"]:
-        if "error" in r:
-            print(f"{r['model']:<28}{r['mode']:<18}failed: {r['error'][:200]}")
-            continue
-        print(f"{r['model']:<28}{r['mode']:<18}{r['ms_per_step']:9.2f} ms/step   first step after "
-              f"{r['seconds_to_first_step']:6.1f} s"
-              + (f"   capture failed: {r['capture_error']}" if r["capture_error"] else ""))
-    for model, log in failed.items():
-        print(f"{model} failed:\n{log}", file=sys.stderr)
 
 
 if __name__ == "__main__":
