@@ -98,17 +98,29 @@ def forms(loglinear: bool = False, beta: bool = False) -> tuple[str, ...]:
     return REFERENCE_FORMS + ((KERNEL_FORM,) if kernel else ())
 
 
+def kernel_by_default(loglinear: bool, beta: bool) -> bool:
+    """Whether CUDA calls take the Triton form when none is asked for: log-linear Mamba-2 (no delta rule).
+
+    The delta-rule kernels are taken on request only (``form="triton"``, ``backend="triton"``): on an H200
+    their forward and backward are several times slower than the decay-only kernels (chapter 9), and their
+    16-bit accuracy is measured by ``pytest -m gpu tests/test_kernels_gdn_gpu.py``, not yet part of the book.
+    """
+    return kernel_computes(loglinear, beta) and not beta
+
+
 def default_form(x: torch.Tensor, loglinear: bool, beta: bool) -> str:
-    """``"triton"`` for CUDA tensors of fp32/fp16/bf16 when the kernels compute the variant, else ``"chunkwise"``."""
+    """``"triton"`` for CUDA tensors of fp32/fp16/bf16 when :func:`kernel_by_default`, else ``"chunkwise"``."""
     fast = x.is_cuda and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
-    return KERNEL_FORM if fast and KERNEL_FORM in forms(loglinear, beta) else "chunkwise"
+    usable = kernel_by_default(loglinear, beta) and KERNEL_FORM in forms(loglinear, beta)
+    return KERNEL_FORM if fast and usable else "chunkwise"
 
 
 def resolve_backend(backend: str, x: torch.Tensor, loglinear: bool, beta: bool) -> str:
     """The backend a layer's call on ``x`` uses, ``"torch"`` or ``"triton"``.
 
-    ``"auto"`` takes the Triton kernel when it computes the variant, triton is installed and ``x`` is on CUDA;
-    ``"triton"`` insists on it (a ``ValueError`` says why it cannot); ``"torch"`` runs the PyTorch forms.
+    ``"auto"`` takes the Triton kernel when it is the default for the variant (:func:`kernel_by_default`),
+    triton is installed and ``x`` is on CUDA; ``"triton"`` insists on it (a ``ValueError`` says why it
+    cannot); ``"torch"`` runs the PyTorch forms.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -116,7 +128,7 @@ def resolve_backend(backend: str, x: torch.Tensor, loglinear: bool, beta: bool) 
         return "torch"
     usable = KERNEL_FORM in forms(loglinear, beta)
     if backend == "auto":
-        return "triton" if usable and x.is_cuda else "torch"
+        return "triton" if usable and x.is_cuda and kernel_by_default(loglinear, beta) else "torch"
     if not usable:
         why = ("the Triton kernels compute log-linear attention only (a linear layer has none)"
                if not kernel_computes(loglinear, beta) else "triton is not installed")

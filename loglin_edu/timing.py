@@ -20,17 +20,19 @@ def median_ms(
     repeats: int = 5,
     warmup: int = 1,
     grads: Iterable[torch.Tensor] = (),
+    cuda_ms: float = 100.0,
 ) -> float:
     """Median milliseconds of ``fn()`` over ``repeats`` calls after ``warmup`` calls.
 
     device: where ``fn`` runs (CUDA calls are synchronised); grads: tensors whose ``.grad`` is reset to
-    None before every call (a backward pass then allocates instead of accumulating).
+    None before every call (a backward pass then allocates instead of accumulating); cuda_ms: with triton on
+    CUDA, the calls fill about this many milliseconds (``do_bench``'s ``rep``; raise it for slow calls).
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     grads = list(grads)
     if torch.device(device).type == "cuda":
-        return _cuda_median_ms(fn, repeats, warmup, grads)
+        return _cuda_median_ms(fn, repeats, warmup, grads, cuda_ms)
     for _ in range(warmup):
         fn()
     times = []
@@ -43,13 +45,13 @@ def median_ms(
     return sorted(times)[len(times) // 2]
 
 
-def _cuda_median_ms(fn, repeats: int, warmup: int, grads: list[torch.Tensor]) -> float:
+def _cuda_median_ms(fn, repeats: int, warmup: int, grads: list[torch.Tensor], cuda_ms: float) -> float:
     try:
         import triton.testing
     except ImportError:
         triton = None
     if triton is not None:
-        return triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grads or None, return_mode="median")
+        return triton.testing.do_bench(fn, warmup=25, rep=cuda_ms, grad_to_none=grads or None, return_mode="median")
     for _ in range(warmup):
         fn()
     times = []

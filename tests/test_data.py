@@ -85,6 +85,30 @@ def test_lagged_recall_invariants(seq_len, keys, queries):
             assert src == latest and seq[src] == y[n, t].item()
 
 
+def best_reader(seq: list[int], t: int, value_start: int) -> int | None:
+    """The best a model can do at query position t, reading seq[0..t] only: the value of the key's latest
+    binding, a slot (key, value) before t whose second token is a value."""
+    for s in range(t - 2, -1, -2):
+        if seq[s] == seq[t] and seq[s + 1] >= value_start:
+            return seq[s + 1]
+    return None
+
+
+@pytest.mark.parametrize("seq_len, keys, queries, vocab", [(256, 32, 16, 8192), (64, 4, 8, 32), (32, 2, 6, 16)])
+def test_best_reader_answers_every_lagged_query(seq_len, keys, queries, vocab):
+    """Filler after a query is never a value, so a query slot never looks like a re-binding: the best reader
+    scores 100 % (small vocabularies make every kind of collision frequent)."""
+    s = lagged_recall(300, seq_len, keys, queries, vocab_size=vocab, seed=vocab + keys)
+    assert (s.inputs[:, 1::2].gather(1, s.query_positions // 2) < vocab // 2).all()  # filler below the values
+    right = total = 0
+    for n in range(len(s)):
+        seq = s.inputs[n].tolist()
+        for t, answer in zip(s.query_positions[n].tolist(), s.answers[n].tolist()):
+            right += best_reader(seq, t, vocab // 2) == answer
+            total += 1
+    assert right == total
+
+
 def test_lagged_recall_spreads_answers_over_the_fenwick_levels():
     s = lagged_recall(500, 256, 32, 16, seed=0)
     counts = torch.bincount(s.levels().flatten(), minlength=9)

@@ -28,6 +28,29 @@ def test_layer_prefill_then_steps_is_the_forward(name):
         assert cache.position == 37
 
 
+def test_transformer_with_its_convolution_decodes_as_its_forward():
+    """The convolution's last inputs travel in the KV cache: prefill + steps give the forward, with and without RoPE."""
+    for rope in (False, True):
+        layer = make_layer("transformer", backend="torch", conv_size=3, rope=rope)
+        x = torch.randn(2, 21, D, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        full = layer(x)
+        for t in (0, 1, 2, 9):
+            head, cache = (full[:, :0], layer.init_cache(2, 24, dtype=torch.float64)) if t == 0 else \
+                layer.prefill(x[:, :t], max_len=24)
+            got = torch.cat([head, torch.stack([layer.step(x[:, s], cache) for s in range(t, 21)], dim=1)], dim=1)
+            assert_close(got, full, what=f"rope={rope}: prefill {t} + steps")
+        assert "conv_size=3" in cache.owner
+
+
+@pytest.mark.parametrize("name", ["loglinear_mamba2", "loglinear_gated_deltanet"])
+def test_tied_levels_decode_as_their_forward(name):
+    layer = make_layer(name, backend="torch", chunk_size=8, tie_levels=True)
+    x = torch.randn(2, 19, D, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    head, cache = layer.prefill(x[:, :5], max_len=24)
+    got = torch.cat([head, torch.stack([layer.step(x[:, s], cache) for s in range(5, 19)], dim=1)], dim=1)
+    assert_close(got, layer(x), what=f"{name}, λ tied: prefill 5 + steps")
+
+
 def tiny_model(name, seed=0, **changes):
     options = {"d_state": 4, "head_dim": 8} if "mamba2" in name else {"num_heads": 2}
     config = ModelConfig(mixer=name, vocab_size=11, d_model=16, n_layers=2, max_len=48, mixer_options=options)

@@ -50,15 +50,18 @@ def test_errors_against_float64(shape, dtype, precision):
     assert_errors_within(result, BOUND[dtype], f"{dtype} {shape}")
 
 
-def test_default_form_on_cuda_is_triton():
+def test_delta_rule_takes_the_kernel_on_request_only():
     import loglin_edu as le
     from loglin_edu.kernels import step9_loglinear_gated_deltanet as kernel
 
     x = torch.nn.functional.normalize(torch.randn(1, 100, 2, 16, device="cuda"), dim=-1)
     g, beta = -torch.rand(1, 100, 2, device="cuda"), torch.rand(1, 100, 2, device="cuda")
-    calls = apply_calls(kernel.LogLinearGatedDeltaNet,
-                        lambda: le.loglinear_attention(x, x, x, torch.rand(1, 100, 2, 8, device="cuda"), g, beta))
-    assert calls, "form=None on CUDA tensors with beta did not take the Triton path"
+    lam = torch.rand(1, 100, 2, 8, device="cuda")
+    function = kernel.LogLinearGatedDeltaNet
+    assert not apply_calls(function, lambda: le.loglinear_attention(x, x, x, lam, g, beta)), \
+        "form=None with beta took the Triton path"
+    assert apply_calls(function, lambda: le.loglinear_attention(x, x, x, lam, g, beta, form="triton")), \
+        "form='triton' with beta did not take the Triton path"
 
 
 def test_layer_triton_backend_matches_torch_on_cuda():

@@ -77,6 +77,52 @@ def test_softmax_sdpa_backend_matches_the_package_forms():
     assert_close(dx, ref[1], what="sdpa input grad")
 
 
+def test_attention_convolution_comes_before_attention_and_stays_causal():
+    """``SoftmaxAttention(conv_size=3)`` is the same layer without convolution applied to ``conv(x)``, with
+    ``conv`` a causal depthwise convolution of width 3 (written here as a loop), and its output at ``t`` does not
+    depend on later tokens."""
+    layer = make_layer("transformer", backend="torch", conv_size=3, rope=False, form="naive")
+    plain = SoftmaxAttention(D, conv_size=0, rope=False, backend="torch", form="naive").double()
+    plain.load_state_dict({k: v for k, v in layer.state_dict().items() if not k.startswith("conv.")})
+    x = torch.randn(2, 13, D, dtype=torch.float64)
+    w, b = layer.conv.weight[:, 0], layer.conv.bias  # [D, 3], [D]
+    padded = torch.cat([x.new_zeros(2, 2, D), x], dim=1)
+    shifted = torch.stack([sum(padded[:, t + i] * w[:, i] for i in range(3)) + b for t in range(13)], dim=1)
+    assert_close(layer(x), plain(shifted), what="conv then attention")
+    later = x.clone()
+    later[:, 9:] = torch.randn(2, 4, D, dtype=torch.float64)
+    assert_close(layer(later)[:, :9], layer(x)[:, :9], what="outputs before the changed tokens")
+    assert not torch.allclose(layer(later)[:, 9:], layer(x)[:, 9:])
+    with pytest.raises(ValueError, match="conv_size"):
+        SoftmaxAttention(D, conv_size=-1)
+
+
+def test_attention_without_rope_ignores_positions_with_rope_it_does_not():
+    """Without RoPE (and without convolution) attention sees a set: the last output does not change when the
+    earlier tokens are permuted; with RoPE it does."""
+    x = torch.randn(1, 9, D, dtype=torch.float64)
+    permuted = torch.cat([x[:, :8].flip(1), x[:, 8:]], dim=1)
+    for rope in (False, True):
+        layer = make_layer("transformer", backend="torch", rope=rope, form="naive")
+        same = torch.allclose(layer(x)[:, -1], layer(permuted)[:, -1])
+        assert same != rope
+
+
+@pytest.mark.slow
+def test_transformer_with_its_convolution_learns_a_small_mqar():
+    """Zoology's attention baseline (short convolution of width 3, no position embedding) learns MQAR on a CPU:
+    >= 95 % of the test queries (4 pairs, T = 32, 64 tokens) after 300 steps."""
+    from loglin_edu.data import mqar
+    from loglin_edu.train import Member, TrainConfig, train
+
+    torch.set_num_threads(1)
+    config = ModelConfig("transformer", vocab_size=64, d_model=32, max_len=32,
+                         mixer_options=dict(num_heads=1, conv_size=3, rope=False, backend="torch", form="naive"))
+    record = train(config, [Member(0, 1e-2)], [mqar(2000, 32, 4, 64, seed=1)], {"test": mqar(200, 32, 4, 64, seed=2)},
+                   TrainConfig(steps=300, batch_size=32, warmup_steps=10, eval_every=300), progress=False)
+    assert record["final"][0]["accuracy"] >= 0.95, record["final"][0]
+
+
 @pytest.mark.parametrize("linear_name, loglinear_name", [("mamba2", "loglinear_mamba2"), ("gated_deltanet", "loglinear_gated_deltanet")])
 @pytest.mark.parametrize("form", ["naive", "recurrent", "chunkwise"])
 def test_unit_level_scales_recover_the_linear_layer(linear_name, loglinear_name, form):
@@ -122,6 +168,9 @@ def test_triton_backend_refuses_what_its_kernel_does_not_compute():
 def test_backend_resolution():
     x = torch.zeros(1)
     assert resolve_backend("auto", x, loglinear=True, beta=False) == "torch"  # CPU tensor
+    from loglin_edu.ops import kernel_by_default
+
+    assert kernel_by_default(True, False) and not kernel_by_default(True, True) and not kernel_by_default(False, False)
     assert resolve_backend("torch", x, loglinear=True, beta=False) == "torch"
     with pytest.raises(ValueError, match="backend must be one of"):
         resolve_backend("cuda", x, loglinear=True, beta=False)
@@ -202,6 +251,32 @@ def test_log_linear_layers_add_exactly_the_lambda_parameters():
         # per layer: a projection of d_model inputs to H·L values, plus the H·L weights L[h, ℓ]
         assert big["total"] - small["total"] == 2 * (heads * L * 32 + heads * L)
         assert small["embedding"] == big["embedding"] == 100 * 32  # the head is tied to the embedding
+
+
+@pytest.mark.parametrize("name", ["loglinear_mamba2", "loglinear_gated_deltanet"])
+def test_tied_levels_give_one_scale_per_token_and_one_projection_output_per_head(name):
+    """With ``tie_levels`` every level of a token gets the same λ, from H projection outputs instead of H·L;
+    and log-linear attention with such a λ is the linear model's output scaled by λ_t (every form)."""
+    L = le.num_levels(64)
+    tied, free = make_layer(name, tie_levels=True), make_layer(name)
+    H = tied.num_heads
+    assert count_parameters(free)["total"] - count_parameters(tied)["total"] == H * (L - 1) * (D + 1)
+    captured = []
+    hook = tied.level_scales.register_forward_hook(lambda _m, _i, out: captured.append(out))
+    tied(torch.randn(2, 21, D, dtype=torch.float64))
+    hook.remove()
+    assert captured[0].shape == (2, 21, H, L) and torch.equal(captured[0], captured[0][..., :1].expand_as(captured[0]))
+    q, k, v = torch.randn(2, 21, H, 3, dtype=torch.float64), torch.randn(2, 21, H, 3, dtype=torch.float64), \
+        torch.randn(2, 21, H, 4, dtype=torch.float64)
+    g, beta = -torch.rand(2, 21, H, dtype=torch.float64), torch.rand(2, 21, H, dtype=torch.float64)
+    gate = torch.rand(2, 21, H, 1, dtype=torch.float64)
+    if name == "loglinear_mamba2":
+        beta, linear = None, le.mamba2_attention(q, k, v, g, form="naive")
+    else:
+        linear = le.gated_deltanet_attention(q, k, v, g, beta, form="naive")
+    for form in ("naive", "recurrent", "chunkwise"):
+        out = le.loglinear_attention(q, k, v, gate.expand(-1, -1, -1, L), g, beta, form=form, chunk_size=8)
+        assert_close(out, gate * linear, what=f"{form}: tied λ against the gated linear model")
 
 
 def test_model_reads_logits_at_chosen_positions():

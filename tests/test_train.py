@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from loglin_edu.data import mqar
+from loglin_edu.data import lagged_recall, mqar
 from loglin_edu.experiments import mqar as experiment
 from loglin_edu.experiments.mqar.__main__ import main as experiment_main
 from loglin_edu.experiments.mqar.jobs import tier_from_dict, tier_to_dict
@@ -92,6 +92,30 @@ def test_members_train_as_if_alone():
     assert together["final"][1]["accuracy"] == pytest.approx(alone["final"][0]["accuracy"])
 
 
+def test_level_scales_are_averaged_where_the_queries_read_them():
+    """λ by level: the mean over heads and over the queries whose bucket of that level holds keys (a loop)."""
+    from loglin_edu.layers import LevelScales, build_model
+    from loglin_edu.train.evaluate import level_scales_at_queries
+
+    model = build_model(config("loglinear_mamba2"), seed=0)
+    test = lagged_recall(6, 16, 3, 4, 32, seed=5)  # queries at many positions, so most levels are read
+    captured = []
+    hooks = [m.register_forward_hook(lambda _m, _i, out: captured.append(out)) for m in model.modules()
+             if isinstance(m, LevelScales)]
+    got = level_scales_at_queries(model, test, count=6)
+    for hook in hooks:
+        hook.remove()
+    assert len(got) == len(captured) == 2
+    for lam, means in zip(captured, got):
+        for level, mean in enumerate(means):
+            values = [lam[n, t, :, level].mean().item() for n in range(6) for t in test.query_positions[n].tolist()
+                      if level == 0 or (t >> (level - 1)) & 1]
+            assert (mean is None) == (not values)
+            if values:
+                assert mean == pytest.approx(sum(values) / len(values), rel=1e-5)
+    assert level_scales_at_queries(build_model(config("mamba2"), seed=0), test) is None
+
+
 def test_schedule_warms_up_then_decays_to_zero():
     assert lr_factor(0, 10, 100) == pytest.approx(0.1)
     assert lr_factor(9, 10, 100) == pytest.approx(1.0)
@@ -118,7 +142,7 @@ def test_cli_runs_the_cpu_tier_end_to_end(tmp_path):
                      "--results", str(tmp_path / "results")])
     result = json.loads((tmp_path / "results" / "mqar_cpu.json").read_text())
     assert [j["model_name"] for j in result["jobs"]] == list(experiment.MODELS)
-    assert len(result["best"]) == len(experiment.MODELS)
+    assert len(result["best"]) == len(experiment.MODELS) and "gate" in result and "verdicts" in result
     assert result["command"].startswith("python -m loglin_edu.experiments.mqar --tier cpu")
     assert {"device", "commit", "date"} <= result.keys() and "torch" in result["versions"]
     for job in result["jobs"]:
@@ -133,6 +157,125 @@ def test_tier_backend_reaches_the_layers():
     assert experiment.model_config(tier, "gated_deltanet", 32).mixer_options["backend"] == "torch"  # no kernel
     with pytest.raises(ValueError, match="backend must be"):
         experiment.mixer_options("mamba2", 32, 8, "triton")
+
+
+def final_line(seed, lr, validation, test):
+    return dict(seed=seed, lr=lr, step=10, accuracy=test, query_accuracy=test, accuracy_by_set={"pairs=2": test},
+                accuracy_by_level={"3": test}, validation=dict(accuracy=validation, query_accuracy=validation,
+                                                                accuracy_by_set={"pairs=2": validation}))
+
+
+def job_record(model, width, lines):
+    members = [dict(seed=line["seed"], lr=line["lr"]) for line in lines]
+    return dict(name=f"{model}-d{width}", model_name=model, width=width, members=members, final=lines, complete=True)
+
+
+def test_validation_and_test_share_no_sequence_with_earlier_splits():
+    """A tiny MQAR (T = 4, one pair, 8 tokens: 96 possible sequences) repeats itself: the held-out splits keep
+    only sequences never seen in an earlier split; on the GPU tier's setting nothing is dropped."""
+    spec = experiment.TaskSpec("mqar", seq_len=4, vocab_size=8, sizes=(1,), train_examples=40, validation_examples=30,
+                               test_examples=30)
+    train_sets, validation, test = experiment.make_sets(spec)
+    seen = {tuple(row) for row in train_sets[0].inputs.tolist()}
+    held = [tuple(row) for row in validation["pairs=1"].inputs.tolist()]
+    assert len(set(held)) == len(held) and not seen & set(held)
+    final = [tuple(row) for row in test["pairs=1"].inputs.tolist()]
+    assert len(set(final)) == len(final) and not (seen | set(held)) & set(final)
+    assert 0 < len(final) < 30 and 0 < len(held) < 30
+    kept = validation["pairs=1"]
+    assert torch.equal(kept.labels.gather(1, kept.query_positions), kept.answers)  # rows stay whole
+    big = experiment.make_sets(replace(experiment.TIERS["gpu/mqar"].data, sizes=(4,), train_examples=500,
+                                       validation_examples=100, test_examples=100))
+    assert len(big[1]["pairs=4"]) == len(big[2]["pairs=4"]) == 100
+
+
+def test_learning_rate_is_chosen_on_validation_not_test():
+    """The test accuracy favours the rate 1e-2, the validation accuracy 1e-3: the validation decides, and a rate
+    at the edge of a sweep of several is flagged."""
+    lines = [final_line(0, 1e-3, validation=0.8, test=0.5), final_line(0, 1e-2, validation=0.6, test=0.9),
+             final_line(0, 3e-3, validation=0.7, test=0.95)]
+    [row] = experiment.best_by_cell([job_record("mamba2", 16, lines)])
+    assert row["lr"] == 1e-3 and row["accuracy"] == 0.5 and row["validation_accuracy"] == 0.8 and row["edge"]
+    middle = [final_line(0, 1e-3, 0.1, 0.1), final_line(0, 3e-3, 0.9, 0.9), final_line(0, 1e-2, 0.2, 0.2)]
+    assert not experiment.best_by_cell([job_record("mamba2", 16, middle)])[0]["edge"]
+    untested = [dict(line, validation=None) for line in lines]
+    for line in untested:
+        del line["validation"]
+    with pytest.raises(ValueError, match="validation"):
+        experiment.best_by_cell([job_record("mamba2", 16, untested)])
+
+
+def result_with(accuracies, task="mqar"):
+    """A results record whose chosen-rate table holds ``{(model, width): [accuracy per seed]}``."""
+    best = [dict(model=m, width=w, seed=i, accuracy=a)
+            for (m, w), accs in accuracies.items() for i, a in enumerate(accs)]
+    result = dict(best=best, widths=sorted({w for _, w in accuracies}),
+                  models=list(dict.fromkeys(m for m, _ in accuracies)), data=dict(task=task))
+    result["gate"] = experiment.transformer_gate(result)
+    return result
+
+
+def test_gate_withholds_every_verdict_when_the_transformer_fails():
+    cells = {("transformer", 16): [0.995, 0.999, 0.992], ("mamba2", 16): [0.40, 0.45, 0.42],
+             ("loglinear_mamba2", 16): [0.60, 0.62, 0.58]}
+    passed = result_with(cells)
+    assert passed["gate"]["passed"] and passed["gate"]["by_width"]["16"] == pytest.approx(0.9953, abs=1e-4)
+    [v] = experiment.verdicts(passed)
+    assert v["verdict"] == "same direction" and v["paper"]["model"] == 55.9
+    failed = result_with({**cells, ("transformer", 16): [0.995, 0.95, 0.999]})
+    assert not failed["gate"]["passed"] and experiment.verdicts(failed) is None
+    assert not result_with({k: v for k, v in cells.items() if k[0] != "transformer"})["gate"]["passed"]
+
+
+@pytest.mark.parametrize("linear, loglinear, expected", [
+    ([0.40, 0.45, 0.42], [0.60, 0.62, 0.58], "same direction"),
+    ([0.60, 0.62, 0.58], [0.40, 0.45, 0.42], "contradicted"),
+    ([0.40, 0.60, 0.50], [0.45, 0.62, 0.52], "not at this scale"),
+    ([0.01, 0.02, 0.01], [0.03, 0.03, 0.04], "not at this scale"),
+])
+def test_verdicts_follow_the_seed_spread(linear, loglinear, expected):
+    result = result_with({("transformer", 32): [1.0, 1.0, 1.0], ("mamba2", 32): linear,
+                          ("loglinear_mamba2", 32): loglinear})
+    assert experiment.verdict(result, "loglinear_mamba2", "mamba2", 32)["verdict"] == expected
+
+
+def test_no_verdict_between_cells_trained_for_different_numbers_of_steps():
+    result = result_with({("transformer", 32): [1.0, 1.0, 1.0], ("mamba2", 32): [0.40, 0.45, 0.42],
+                          ("loglinear_mamba2", 32): [0.60, 0.62, 0.58]})
+    for row in result["best"]:
+        row["step"] = 1000 if row["model"] == "mamba2" else 1030
+    close = experiment.verdict(result, "loglinear_mamba2", "mamba2", 32)
+    assert close["equal_training"] and close["verdict"] == "same direction"
+    for row in result["best"]:
+        row["step"] = 800 if row["model"] == "mamba2" else 1000  # a deadline stopped one of them early
+    far = experiment.verdict(result, "loglinear_mamba2", "mamba2", 32)
+    assert not far["equal_training"] and far["verdict"] is None and far["steps"]["mamba2"] == [800]
+
+
+def test_a_tie_at_the_top_is_judged_as_a_tie():
+    both = {("transformer", 64): [1.0] * 3, ("gated_deltanet", 64): [0.995, 0.999, 0.993],
+            ("loglinear_gated_deltanet", 64): [0.999, 0.998, 0.997]}
+    assert experiment.verdict(result_with(both), "loglinear_gated_deltanet", "gated_deltanet", 64)["verdict"] == \
+        "same direction"
+    worse = {**both, ("loglinear_gated_deltanet", 64): [0.80, 0.82, 0.81]}
+    assert experiment.verdict(result_with(worse), "loglinear_gated_deltanet", "gated_deltanet", 64)["verdict"] == \
+        "contradicted"
+
+
+def test_the_ablation_variants_tie_the_levels_of_their_log_linear_layers():
+    tier = experiment.TIERS["gpu/mqar"]
+    assert set(experiment.MODELS) < set(tier.models) and "loglinear_mamba2_tied" in tier.models
+    config = experiment.model_config(tier, "loglinear_gated_deltanet_tied", 16)
+    assert config.mixer == "loglinear_gated_deltanet" and config.mixer_options["tie_levels"]
+    free = experiment.model_config(tier, "loglinear_gated_deltanet", 16)
+    assert experiment.state_size(config) == experiment.state_size(free)
+    with pytest.raises(ValueError, match="variant"):
+        experiment.model_config(tier, "mamba2_tied", 16)
+    result = dict(models=["mamba2", "loglinear_mamba2", "loglinear_mamba2_tied", "transformer"], widths=[16, 32])
+    tied = "loglinear_mamba2_tied"
+    assert experiment.claims(result) == [("loglinear_mamba2", "mamba2", 16), ("loglinear_mamba2", tied, 16),
+                                         ("loglinear_mamba2", "mamba2", 32), ("loglinear_mamba2", tied, 32)]
+    assert experiment.TIERS["gpu/lagged"].attention_rope and not tier.attention_rope  # lagged recall asks for recency
 
 
 def test_compare_separates_only_beyond_the_seed_spread():
@@ -151,3 +294,88 @@ def test_compare_separates_only_beyond_the_seed_spread():
 def test_paper_table_covers_every_model_and_width():
     assert set(experiment.PAPER_MQAR) == set(experiment.MODELS)
     assert all(set(v) == {16, 32, 64} for v in experiment.PAPER_MQAR.values())
+
+
+TINY = experiment.Tier(
+    data=experiment.TaskSpec("mqar", seq_len=16, vocab_size=32, sizes=(2, 4), train_examples=64, validation_examples=16,
+                             test_examples=16),
+    models=("transformer", "loglinear_mamba2"), widths=(16,), seeds=(0,), lrs=(3e-3, 1e-2), chunk_size=4,
+    train=TrainConfig(steps=6, batch_size=8, warmup_steps=2, eval_every=3, checkpoint_every=3, eval_batch_size=16),
+)
+
+
+def job_state(folder):
+    """What a job left in its folder: its results file (without wall-clock times) and its weights."""
+    record = json.loads((folder / "record.json").read_text())
+    for line in record["history"] + record["final"]:
+        line.pop("seconds")
+    for key in ("seconds", "seconds_per_step"):
+        record.pop(key)
+    return record, weights(folder)
+
+
+def test_a_resumed_job_equals_an_uninterrupted_one(tmp_path):
+    """A job stopped after step 4 (its results file then holds the evaluation of step 3) and started again writes
+    the results file and weights of a job that never stopped."""
+    sets = experiment.make_sets(TINY.data)
+    experiment.run_job(TINY, "loglinear_mamba2", 16, out_dir=tmp_path / "a", device="cpu", progress=False, sets=sets)
+    experiment.run_job(TINY, "loglinear_mamba2", 16, out_dir=tmp_path / "b", device="cpu", progress=False, sets=sets,
+                       stop_at=4)
+    stopped = json.loads((tmp_path / "b" / "record.json").read_text())
+    assert not stopped["complete"] and [h["step"] for h in stopped["history"]] == [3, 3]
+    assert "accuracy" not in stopped["history"][0]  # the test sets are read at the end only
+    assert "validation" in stopped["history"][0]
+    experiment.run_job(TINY, "loglinear_mamba2", 16, out_dir=tmp_path / "b", device="cpu", progress=False, sets=sets)
+    (record_a, weights_a), (record_b, weights_b) = job_state(tmp_path / "a"), job_state(tmp_path / "b")
+    assert record_b["complete"] and record_a == record_b
+    assert "accuracy" in record_b["final"][0] and "level_scales" in record_b["final"][0]
+    for a, b in zip(weights_a, weights_b):
+        for key in a:
+            assert torch.equal(a[key], b[key]), key
+
+
+def test_plan_shares_the_seconds_left_by_the_summed_step_times():
+    from loglin_edu.experiments.mqar.jobs import plan_steps
+
+    assert plan_steps({"a": 0.01, "b": 0.03}, fixed_seconds=0.0, seconds_left=100.0, cap=10**6, floor=50) == 1870
+    assert plan_steps({"a": 0.01, "b": 0.03}, fixed_seconds=60.0, seconds_left=100.0, cap=10**6, floor=50) == 750
+    assert plan_steps({"a": 1.0}, fixed_seconds=0.0, seconds_left=10.0, cap=10**6, floor=50) == 50
+    assert plan_steps({"a": 1e-4}, fixed_seconds=0.0, seconds_left=100.0, cap=4000, floor=50) == 4000
+
+
+@pytest.mark.slow
+def test_a_piece_of_worker_processes_plans_trains_and_merges(tmp_path):
+    """A piece with a budget runs each job in its own process: the jobs report their step time, get one total,
+    finish it and write their results files; the merge makes one file with a record per tier. A second piece on
+    the same folder keeps the plan and finds nothing left to do."""
+    from loglin_edu.experiments.mqar.jobs import job_folder
+
+    tier = replace(TINY, train=replace(TINY.train, steps=400, warmup_steps=60, eval_every=100, checkpoint_every=None))
+    experiment.run_piece({"gpu/mqar": tier}, tmp_path, "cpu", budget_s=240)
+    plans = [json.loads((job_folder(tmp_path, ("gpu/mqar", m, 16)) / "plan.json").read_text()) for m in tier.models]
+    assert len({p["steps"] for p in plans}) == 1 and 70 <= plans[0]["steps"] <= 400
+    merged = experiment.merge({"gpu/mqar": tier}, tmp_path, device="cpu")
+    result = merged["tiers"]["gpu/mqar"]
+    assert [j["steps_done"] for j in result["jobs"]] == [plans[0]["steps"]] * 2
+    assert all(j["complete"] and j["plan"] for j in result["jobs"]) and len(result["best"]) == 2
+    assert {"commit", "date", "versions"} <= merged.keys() and "gate" in result
+    experiment.run_piece({"gpu/mqar": tier}, tmp_path, "cpu", budget_s=240)
+    again = experiment.merge({"gpu/mqar": tier}, tmp_path, device="cpu")["tiers"]["gpu/mqar"]
+    assert [j["steps_done"] for j in again["jobs"]] == [plans[0]["steps"]] * 2
+
+
+def test_merge_keeps_the_tiers_merged_before(tmp_path, monkeypatch):
+    """A second task merged later (another piece, another machine) joins the tiers already in the results file;
+    the tiers merged now replace their older versions."""
+    from loglin_edu.experiments.mqar import __main__ as cli
+
+    earlier = dict(what="x", tiers={"gpu/lagged": dict(tier="gpu/lagged", old=True), "gpu/mqar": dict(old=True)})
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / cli.MERGED).write_text(json.dumps(earlier))
+    monkeypatch.setattr(cli, "merge", lambda tiers, out, **kw: dict(what="y", tiers={"gpu/mqar": dict(old=False)}))
+    monkeypatch.setattr(cli, "summary_table", lambda result: [])
+    cli.main(["--tier", "gpu", "--task", "mqar", "--merge", "--out", str(tmp_path / "run"), "--results",
+              str(tmp_path / "results"), "--device", "cpu"])
+    merged = json.loads((tmp_path / "results" / cli.MERGED).read_text())
+    assert merged["what"] == "y" and merged["tiers"] == {"gpu/lagged": dict(tier="gpu/lagged", old=True),
+                                                        "gpu/mqar": dict(old=False)}

@@ -10,7 +10,7 @@ from .corpus import Document, load_corpus, split_documents
 from .lagged import lagged_recall
 from .lm_data import TextData, TextSpec, prepare_text
 from .multiquery import mqar
-from .recall import IGNORE_INDEX, RecallSet
+from .recall import IGNORE_INDEX, RecallSet, drop_repeats
 from .token_stream import TokenStream, evaluation_starts, training_batch
 from .tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer, train_bpe
 
@@ -23,6 +23,7 @@ __all__ = [
     "TextData",
     "TextSpec",
     "TokenStream",
+    "drop_repeats",
     "evaluation_starts",
     "lagged_recall",
     "load_corpus",

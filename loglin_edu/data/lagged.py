@@ -7,7 +7,9 @@ block in a single Fenwick bucket. Here the answers are spread over the past on p
 - a *binding* slot ``(k, v)`` binds key ``k`` (chosen uniformly among the sequence's keys, so keys are
   re-bound again and again) to a fresh random value ``v``;
 - ``num_queries`` slots (never slot 0) are *queries* ``(k, filler)``: the label at the key's position is
-  the value ``k`` was **last** bound to; the second token is random and unsupervised. The key asked is
+  the value ``k`` was **last** bound to; the second token is random, unsupervised and drawn below the
+  values, never a value — so a query slot cannot be read as a re-binding, and a reader that answers every
+  query with the key's latest binding (a slot whose second token is a value) is always right. The key asked is
   the one whose latest binding lies closest to ``lag`` slots back, with ``lag`` drawn log-uniformly from
   ``[1, slot]``: answers sit at every scale of distance, hence in every Fenwick level.
 
@@ -15,7 +17,7 @@ Worked example (a doctest, checked by the tests), 2 keys, 2 queries, keys 1..15,
 
     >>> s = lagged_recall(1, seq_len=16, num_keys=2, num_queries=2, vocab_size=32, seed=22)
     >>> s.inputs[0].tolist()
-    [15, 24, 2, 26, 15, 29, 2, 23, 15, 18, 15, 11, 15, 31, 2, 29]
+    [15, 24, 2, 26, 15, 29, 2, 23, 15, 18, 15, 11, 15, 31, 2, 13]
     >>> s.labels[0].tolist()
     [-100, -100, -100, -100, -100, -100, -100, -100, -100, -100, 18, -100, -100, -100, 23, -100]
     >>> s.source_positions[0].tolist(), s.lags()[0].tolist(), s.levels()[0].tolist()
@@ -24,8 +26,8 @@ Worked example (a doctest, checked by the tests), 2 keys, 2 queries, keys 1..15,
 Key 15 is bound three times (to 24, 29, 18) before it is asked at position 10: the answer is its latest
 value 18, shown at position 9 (lag 1, Fenwick level 2). Key 2 was bound to 26, then to 23 at position 7;
 asked at position 14, its answer 23 lies 7 tokens back, at level 4 (the bucket {0..7} of query 14).
-Tokens 11 and 29 after the queries are filler; the binding (15, 31) after the first query changes
-nothing before it.
+Tokens 11 and 13 after the queries are filler, drawn below the values (0..15: a value there would look like
+a new binding of the key just asked); the binding (15, 31) after the first query changes nothing before it.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def lagged_recall(
     lag = torch.exp(torch.rand(slots, N, generator=gen, dtype=torch.float64) * longest).floor().long()
     lag = torch.minimum(lag.clamp(min=1), torch.arange(slots).clamp(min=1)[:, None])
     ask_at = is_query.T.contiguous()
-    inputs = torch.randint(0, vocab_size, (N, seq_len), generator=gen)  # filler for the second token of queries
+    inputs = torch.randint(0, key_vocab, (N, seq_len), generator=gen)  # filler after queries: never a value
     labels = torch.full((N, seq_len), IGNORE_INDEX, dtype=torch.long)
     bound_at = torch.full((N, num_keys), -(10**9), dtype=torch.long)  # slot of each key's latest binding
     bound_to = torch.zeros(N, num_keys, dtype=torch.long)

@@ -69,6 +69,26 @@ class RecallSet:
         )
 
 
+def drop_repeats(held_out: RecallSet, seen: list[RecallSet]) -> RecallSet:
+    """The sequences of ``held_out`` that appear in none of ``seen`` and not earlier in ``held_out`` itself.
+
+    Sequences are compared by their inputs (the labels follow from them). A validation or test set filtered
+    this way shares no sequence with the sets it is held out from.
+    """
+    def rows(s: RecallSet) -> list[bytes]:
+        return [row.tobytes() for row in s.inputs.cpu().numpy()]
+
+    known = {row for s in seen for row in rows(s)}
+    keep = []
+    for i, row in enumerate(rows(held_out)):
+        if row not in known:
+            keep.append(i)
+            known.add(row)
+    if len(keep) == len(held_out):
+        return held_out
+    return held_out.select(torch.tensor(keep, dtype=torch.long, device=held_out.inputs.device))
+
+
 def distinct_tokens(num_rows: int, count: int, low: int, high: int, generator: torch.Generator) -> torch.Tensor:
     """``[num_rows, count]`` tokens drawn without replacement from ``[low, high)`` in each row, in random order.
 

@@ -16,7 +16,7 @@ from typing import Callable
 
 from . import (
     ch01_softmax, ch02_linear, ch03_gated, ch04_fenwick, ch05_hmatrix, ch06_loglinear, ch07_chunk_scan,
-    ch08_kernel_puzzles, ch09_cost, ch10_layers, ch12_decoding,
+    ch08_kernel_puzzles, ch09_cost, ch10_layers, ch11_recall, ch12_decoding,
     ch13_language_modelling,
 )
 from .checking import Exercise, Report, run
@@ -25,7 +25,7 @@ EXERCISES: dict[str, Exercise] = {
     ex.name: ex
     for module in (
         ch01_softmax, ch02_linear, ch03_gated, ch04_fenwick, ch05_hmatrix, ch06_loglinear, ch07_chunk_scan,
-        ch08_kernel_puzzles, ch09_cost, ch10_layers, ch12_decoding, ch13_language_modelling,
+        ch08_kernel_puzzles, ch09_cost, ch10_layers, ch11_recall, ch12_decoding, ch13_language_modelling,
     )
     for ex in module.EXERCISES
 }

@@ -26,7 +26,6 @@ from torch import nn
 
 from ..checks import check_form
 from ..decoding import FenwickCache, fenwick_step
-from ..fenwick import num_levels
 from ..ops import REFERENCE_FORMS, mix, resolve_backend
 from ..recurrence import read, transition, write
 from .cache import MixerCache, check_room
@@ -184,14 +183,14 @@ class GatedDeltaNet(nn.Module):
 class LogLinearGatedDeltaNet(GatedDeltaNet):
     """Log-linear Gated DeltaNet: one delta-rule state per Fenwick level, read with λ.
 
-    max_len: the longest sequence accepted; it fixes ``num_levels(max_len)``. Other arguments as
-    :class:`GatedDeltaNet`.
+    max_len: the longest sequence accepted; it fixes ``num_levels(max_len)``. tie_levels: one λ per token and
+    head for all levels (:class:`~loglin_edu.layers.LevelScales`). Other arguments as :class:`GatedDeltaNet`.
     """
 
-    def __init__(self, d_model: int, *, max_len: int = 2048, **kwargs) -> None:
+    def __init__(self, d_model: int, *, max_len: int = 2048, tie_levels: bool = False, **kwargs) -> None:
         super().__init__(d_model, **kwargs)
-        self.level_scales = LevelScales(self.num_heads, max_len)
-        self.l_proj = nn.Linear(d_model, self.num_heads * num_levels(max_len), bias=False)
+        self.level_scales = LevelScales(self.num_heads, max_len, tie_levels)
+        self.l_proj = nn.Linear(d_model, self.level_scales.inputs, bias=False)
 
     def mixer(self, q, k, v, log_decay, beta, x, return_state=False):
         """``loglinear_attention(q, k, v, λ, log_decay, beta)`` with ``λ = softplus(L · l_proj(x))`` (with

@@ -176,17 +176,18 @@ class LogLinearMamba2(Mamba2):
     """Log-linear Mamba-2: Mamba-2 whose single state becomes one state per Fenwick level, read with λ.
 
     max_len: the longest sequence the layer accepts; it fixes the number of levels ``num_levels(max_len)``.
-    Other arguments as :class:`Mamba2`.
+    tie_levels: one λ per token and head for all levels (:class:`~loglin_edu.layers.LevelScales`). Other
+    arguments as :class:`Mamba2`.
     """
 
-    def __init__(self, d_model: int, *, max_len: int = 2048, **kwargs) -> None:
-        self.max_len = max_len  # read by extra_outputs() while Mamba2.__init__ builds in_proj
+    def __init__(self, d_model: int, *, max_len: int = 2048, tie_levels: bool = False, **kwargs) -> None:
+        self.max_len, self.tie_levels = max_len, tie_levels  # read by extra_outputs() while Mamba2.__init__ runs
         super().__init__(d_model, **kwargs)
-        self.level_scales = LevelScales(self.num_heads, max_len)
+        self.level_scales = LevelScales(self.num_heads, max_len, tie_levels)
 
     def extra_outputs(self) -> int:
-        """``dl``: one input of λ per head and Fenwick level."""
-        return self.num_heads * num_levels(self.max_len)
+        """``dl``: one input of λ per head and Fenwick level (per head when the levels are tied)."""
+        return self.num_heads * (1 if self.tie_levels else num_levels(self.max_len))
 
     def mixer(self, q, k, v, log_decay, extra, return_state=False):
         """``loglinear_attention(q, k, v, λ, log_decay)`` with ``λ = softplus(L · dl)``, ``dl = extra``

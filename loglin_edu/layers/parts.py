@@ -101,14 +101,24 @@ class LevelScales(nn.Module):
     parameter initialised to 1. The number of levels follows from the configured maximum length:
     ``num_levels(max_len)`` (15 for 16384). A longer sequence raises a ``ValueError``.
 
-    dl: ``[B, T, H · L]`` -> ``[B, T, H, L]``.
+    tie_levels: one λ per token and head for every level, ``λ[t, h, ℓ] = softplus(L[h] · dl[t, h])`` from ``H``
+    projection outputs. Then ``M^H`` is the causal mask times ``λ_t``: the layer is its linear model with a
+    per-token output gate, and the Fenwick partition no longer weighs one bucket against another (an ablation).
+
+    dl: ``[B, T, H · L]`` (``[B, T, H]`` when tied) -> ``[B, T, H, L]``.
     """
 
-    def __init__(self, num_heads: int, max_len: int) -> None:
+    def __init__(self, num_heads: int, max_len: int, tie_levels: bool = False) -> None:
         super().__init__()
         self.max_len = max_len
         self.num_levels = num_levels(max_len)
-        self.weight = nn.Parameter(torch.ones(num_heads, self.num_levels))
+        self.tie_levels = tie_levels
+        self.weight = nn.Parameter(torch.ones(num_heads, 1 if tie_levels else self.num_levels))
+
+    @property
+    def inputs(self) -> int:
+        """How many projection outputs ``dl`` the layer needs per token: ``H · L``, or ``H`` when tied."""
+        return self.weight.numel()
 
     def check_length(self, seq_len: int) -> None:
         """A sequence longer than ``max_len`` would need more levels than this layer has."""
@@ -120,7 +130,8 @@ class LevelScales(nn.Module):
 
     def forward(self, dl: torch.Tensor) -> torch.Tensor:
         self.check_length(dl.shape[1])
-        return F.softplus(self.weight * dl.unflatten(-1, self.weight.shape))
+        scales = F.softplus(self.weight * dl.unflatten(-1, self.weight.shape))
+        return scales.expand(*scales.shape[:-1], self.num_levels).contiguous() if self.tie_levels else scales
 
 
 def rotary(x: torch.Tensor, base: float = 10000.0, offset: int = 0) -> torch.Tensor:

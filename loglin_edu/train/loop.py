@@ -1,37 +1,31 @@
 """The training loop of the recall experiments: an ensemble of small models, trained side by side.
 
-One step, for every member ``m`` with its own batch (same recall sets, its own random rows):
-
-    loss_m = mean cross-entropy over the batch's query positions        (only queries are supervised)
-    Σ_m loss_m  ->  backward;   clip ‖∇θ_m‖ <= grad_clip per member;   AdamW step with lr_m · schedule(step)
-
 Runs are seeded (initial weights from the member's seed; batch ``s`` of member ``m`` from ``(seed_m, s)``),
 show tqdm progress, evaluate every ``eval_every`` steps (one JSON line per member and evaluation in
 ``log.jsonl``), and write checkpoints atomically (``checkpoint.pt``): a run started again resumes where
 the checkpoint left off, bit-exactly on the CPU. :func:`train` is these named steps: :func:`start_run`
-(build or resume), :func:`training_step`, :func:`evaluation` and :func:`Run.checkpoint`.
+(build or resume), the :class:`~loglin_edu.train.step.TrainingStep` (eager, compiled or captured in a CUDA
+graph), :func:`evaluation` and :func:`Run.checkpoint`.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Protocol
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 from tqdm import tqdm
 
 from ..data.recall import RecallSet
 from ..layers.model import ModelConfig, build_model, count_parameters
-from .batches import batch_rows, gather_batch
 from .checkpoint import append_log, keep_log_until, load_checkpoint, save_atomic
 from .ensemble import Ensemble, Member
-from .evaluate import autocast, evaluate
-from .schedule import lr_factor, make_optimizer, set_learning_rates
+from .evaluate import evaluate, level_scales_at_queries
+from .schedule import make_optimizer
+from .step import EAGER_STEPS_BEFORE_CAPTURE, TrainingStep
 
 
 @dataclass
@@ -39,7 +33,9 @@ class TrainConfig:
     """steps: optimiser steps; batch_size: sequences per step and member, split evenly over the training
     sets; warmup_steps: linear warm-up before the cosine decay; eval_every: steps between evaluations
     (and at the end); checkpoint_every: steps between checkpoints (None: only at the end); amp: bf16
-    autocast on CUDA (the attention operators themselves always run in float32)."""
+    autocast on CUDA (the attention operators themselves always run in float32); compile: the loss's forward
+    and backward through ``torch.compile``; graphs: the whole step captured in a CUDA graph and replayed (CUDA
+    only). Both change how the step is launched, not what it computes (:mod:`~loglin_edu.train.step`)."""
 
     steps: int = 1000
     batch_size: int = 64
@@ -51,6 +47,8 @@ class TrainConfig:
     eval_batch_size: int = 256
     checkpoint_every: int | None = None
     amp: bool = False
+    compile: bool = False
+    graphs: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -89,11 +87,23 @@ class Run:
                              loss_steps=self.loss_steps), self.checkpoint_path)
 
 
+def follow_step_mode(optimizer: torch.optim.Optimizer, capturable: bool) -> None:
+    """A checkpoint written in another step mode: its groups' ``capturable`` flag and step counts (on the device
+    for a captured step, on the CPU otherwise) follow this run's mode."""
+    for group in optimizer.param_groups:
+        group["capturable"] = capturable
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            if "step" in state:
+                state["step"] = state["step"].to(p.device if capturable else "cpu", torch.float32)
+
+
 def start_run(model_config: ModelConfig, members: list[Member], config: TrainConfig, out: Path | None,
               device: torch.device) -> Run:
     """A new run, or the one whose checkpoint is in ``out`` (a checkpoint of another run is refused)."""
     ensemble = Ensemble([build_model(model_config, seed=m.seed) for m in members]).to(device)
-    optimizer = make_optimizer(list(ensemble.members), [m.lr for m in members], config.weight_decay, config.betas)
+    optimizer = make_optimizer(list(ensemble.members), [m.lr for m in members], config.weight_decay, config.betas,
+                               capturable=config.graphs)
     run = Run(model_config, members, ensemble, optimizer, out, loss_sum=torch.zeros(len(members), device=device))
     state = load_checkpoint(run.checkpoint_path, device) if out is not None else None
     if state is not None:
@@ -103,6 +113,7 @@ def start_run(model_config: ModelConfig, members: list[Member], config: TrainCon
         for model, weights in zip(ensemble.members, state["models"]):
             model.load_state_dict(weights)
         optimizer.load_state_dict(state["optimizer"])
+        follow_step_mode(optimizer, config.graphs)
         run.step, run.seconds = state["step"], state["seconds"]
         run.loss_sum, run.loss_steps = state["loss_sum"], state["loss_steps"]
         run.history = keep_log_until(run.log_path, run.step)
@@ -111,32 +122,28 @@ def start_run(model_config: ModelConfig, members: list[Member], config: TrainCon
     return run
 
 
-def training_step(run: Run, train_sets: list[RecallSet], per_set: int, config: TrainConfig) -> torch.Tensor:
-    """One optimiser step of every member (module docstring); returns the members' losses ``[M]``."""
-    set_learning_rates(run.optimizer, lr_factor(run.step, config.warmup_steps, config.steps))
-    rows = [
-        torch.stack([batch_rows(m.seed, i, run.step, len(s), per_set) for m in run.members])  # [M, per_set]
-        for i, s in enumerate(train_sets)
-    ]
-    tokens, positions, answers = gather_batch(train_sets, rows)  # [M, B, T], [M, N], [M, N]
-    with autocast(tokens.device, config.amp):
-        logits = run.ensemble(tokens, positions)  # [M, N, V]
-    losses = F.cross_entropy(logits.float().flatten(0, 1), answers.flatten(), reduction="none")
-    losses = losses.view(len(run.members), -1).mean(1)
-    run.optimizer.zero_grad(set_to_none=True)
-    losses.sum().backward()
-    for model in run.ensemble.members:
-        nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip, foreach=True)
-    run.optimizer.step()
-    run.step += 1
-    run.loss_sum += losses.detach()
-    run.loss_steps += 1
-    return losses.detach()
+def evaluation(run: Run, test_sets: dict[str, RecallSet], config: TrainConfig, name: str,
+               validation_sets: dict[str, RecallSet] | None = None, final: bool = False) -> list[dict[str, Any]]:
+    """Evaluate every member at the current step, log one line per member and reset the running loss.
 
-
-def evaluation(run: Run, test_sets: dict[str, RecallSet], config: TrainConfig, name: str) -> list[dict[str, Any]]:
-    """Evaluate every member at the current step, log one line per member and reset the running loss."""
-    results = evaluate(run.ensemble, test_sets, config.eval_batch_size, config.amp)
+    With validation sets, every evaluation measures them (under ``"validation"``: what model selection and the
+    learning curves read) and only the ``final`` one the test sets, which are read once; without, every
+    evaluation measures the test sets. ``final`` also records the λ each member's log-linear layers give the
+    levels (:func:`~loglin_edu.train.evaluate.level_scales_at_queries`, on the last test set).
+    """
+    M = len(run.members)
+    results = evaluate(run.ensemble, test_sets, config.eval_batch_size, config.amp) if final or not validation_sets \
+        else [{} for _ in range(M)]
+    if validation_sets:
+        checks = evaluate(run.ensemble, validation_sets, config.eval_batch_size, config.amp)
+        for result, check in zip(results, checks):
+            result["validation"] = {k: check[k] for k in ("accuracy", "query_accuracy", "accuracy_by_set")}
+    if final:
+        last = list(test_sets.values())[-1]
+        for result, model in zip(results, run.ensemble.members):
+            scales = level_scales_at_queries(model, last)
+            if scales is not None:
+                result["level_scales"] = scales
     train_loss = (run.loss_sum / run.loss_steps).tolist()
     lines = [
         dict(run=name, member=i, seed=m.seed, lr=m.lr, step=run.step, train_loss=train_loss[i],
@@ -148,6 +155,28 @@ def evaluation(run: Run, test_sets: dict[str, RecallSet], config: TrainConfig, n
     run.loss_sum.zero_()
     run.loss_steps = 0
     return lines
+
+
+class Planner(Protocol):
+    """Decides a run's total steps once its step time is known (a budget shared by jobs running side by side).
+
+    ``report(seconds_per_step)`` is called once, after :data:`CALIBRATION_STEPS` timed steps; ``steps(wait)``
+    then returns the total, or None while it is not decided (``wait=True``: block until it is — the warm-up,
+    whose schedule does not depend on the total, is over).
+    """
+
+    def report(self, seconds_per_step: float) -> None: ...
+
+    def steps(self, wait: bool) -> int | None: ...
+
+
+CALIBRATION_STEPS = 10  # timed steps after the first EAGER_STEPS_BEFORE_CAPTURE + 2 (compilation, capture)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a CUDA step returns before its kernels finish)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def train(
@@ -163,60 +192,98 @@ def train(
     progress: bool = True,
     stop_at: int | None = None,
     deadline: float | None = None,
+    validation_sets: dict[str, RecallSet] | None = None,
+    planner: Planner | None = None,
+    on_evaluation: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Train one ensemble (module docstring) and return its record.
 
     model_config: the architecture every member shares; members: seeds and learning rates; train_sets:
     the recall sets each batch draws from (``batch_size / len(train_sets)`` rows from each); test_sets:
-    name -> set, evaluated every ``eval_every`` steps; out_dir: where ``log.jsonl`` and ``checkpoint.pt``
+    name -> set, evaluated every ``eval_every`` steps; validation_sets: name -> set, evaluated with them (under
+    ``"validation"`` in each line: what model selection reads); out_dir: where ``log.jsonl`` and ``checkpoint.pt``
     go (None: nowhere, no resuming); stop_at: stop after this step as if interrupted (the checkpoint
     then lets a later call finish the run); deadline: a ``time.time()`` after which the run stops at the end
-    of the step it is in, evaluates there and checkpoints (``complete`` False: a budget ran out). Returns
-    ``dict(name, model, parameters, members, config, history, final, seconds, complete, steps_done,
-    seconds_per_step)``; ``history`` holds the evaluation lines.
+    of the step it is in, evaluates there and checkpoints (``complete`` False: a budget ran out); planner: sets
+    ``config.steps`` from the measured step time (:class:`Planner`); on_evaluation: called with the record so
+    far after every evaluation (a job's results file stays current). Returns ``dict(name, model, parameters,
+    members, config, history, final, seconds, complete, steps_done, seconds_per_step, step_mode,
+    capture_error, compile_error, stopped_by_deadline)``; ``history`` holds the evaluation lines; ``seconds_per_step`` is
+    measured between two device synchronisations over the last stretch of steps without an evaluation.
     """
     device = torch.device(device)
+    config = replace(config)  # a planner may change its steps
     if config.batch_size % len(train_sets):
         raise ValueError(f"batch_size={config.batch_size} must split evenly over {len(train_sets)} training sets")
     per_set = config.batch_size // len(train_sets)
     train_sets = [s.to(device) for s in train_sets]
     test_sets = {n: s.to(device) for n, s in test_sets.items()}
+    validation_sets = {n: s.to(device) for n, s in (validation_sets or {}).items()}
     run = start_run(model_config, members, config, Path(out_dir) if out_dir is not None else None, device)
+    step = TrainingStep(run, train_sets, per_set, config)
     start = run.step
-    end = config.steps if stop_at is None else min(config.steps, stop_at)
-    bar = tqdm(range(start, end), desc=name, disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    calibrate_from = start + EAGER_STEPS_BEFORE_CAPTURE + 2
+    planned = planner is None
+    bar = tqdm(total=max(0, config.steps - start), desc=name, disable=not progress, file=sys.stderr, dynamic_ncols=True)
     tick = time.perf_counter()
-    step_ends: list[float] = []  # wall-clock ends of the training steps since the last evaluation
-    seconds_per_step = None
-    for _ in bar:
-        training_step(run, train_sets, per_set, config)
-        step_ends = step_ends[-20:] + [time.perf_counter()]
-        out_of_time = deadline is not None and time.time() >= deadline and run.step < end
+    timing = dict(since=None, from_step=run.step, seconds_per_step=None)
+    stopped_by_deadline = False
+
+    def record(complete: bool) -> dict[str, Any]:
+        history = run.history
+        final = [line for line in history if line["step"] == history[-1]["step"]] if history else []
+        return dict(
+            name=name, model=model_config.to_dict(), parameters=count_parameters(run.ensemble.members[0]),
+            members=[asdict(m) for m in members], config=config.to_dict(), history=history, final=final,
+            seconds=round(run.seconds, 3), complete=complete, steps_done=run.step,
+            seconds_per_step=timing["seconds_per_step"], step_mode=step.mode, capture_error=step.capture_error,
+            compile_error=step.compile_error, stopped_by_deadline=stopped_by_deadline,
+        )
+
+    def mark() -> None:  # the clock after the device has caught up, at a step boundary
+        synchronize(device)
+        now = time.perf_counter()
+        if timing["since"] is not None and run.step > timing["from_step"]:
+            timing["seconds_per_step"] = (now - timing["since"]) / (run.step - timing["from_step"])
+        timing["since"], timing["from_step"] = now, run.step
+
+    while run.step < config.steps and (stop_at is None or run.step < stop_at):
+        if run.step == calibrate_from:
+            mark()
+        step()
+        bar.update(1)
+        if not planned:
+            if run.step == calibrate_from + CALIBRATION_STEPS:
+                mark()
+                planner.report(timing["seconds_per_step"])
+            if run.step > calibrate_from + CALIBRATION_STEPS:
+                steps = planner.steps(wait=run.step >= config.warmup_steps)
+                if steps is not None:
+                    config.steps, planned = max(run.step, steps), True
+                    bar.total = config.steps - start
+        out_of_time = deadline is not None and time.time() >= deadline and run.step < config.steps
         if run.step % config.eval_every == 0 or run.step == config.steps or out_of_time:
+            mark()
             run.seconds += time.perf_counter() - tick
-            lines = evaluation(run, test_sets, config, name)
+            lines = evaluation(run, test_sets, config, name, validation_sets,
+                               final=run.step == config.steps or out_of_time)
             bar.set_postfix(loss=f"{min(x['train_loss'] for x in lines):.3f}",
-                            acc=f"{max(x['accuracy'] for x in lines):.3f}")
+                            acc=f"{max(x.get('validation', x).get('accuracy', 0.0) for x in lines):.3f}")
+            if on_evaluation is not None:
+                on_evaluation(record(run.step == config.steps))
             tick = time.perf_counter()
-            if len(step_ends) > 1:
-                seconds_per_step = (step_ends[-1] - step_ends[0]) / (len(step_ends) - 1)
-            step_ends = []
-        if config.checkpoint_every and run.step % config.checkpoint_every == 0 and run.step < end:
-            run.seconds += time.perf_counter() - tick
-            tick = time.perf_counter()
+            timing["since"], timing["from_step"] = tick, run.step
+        last = run.step == config.steps or run.step == stop_at or out_of_time  # checkpointed after the loop
+        if config.checkpoint_every and run.step % config.checkpoint_every == 0 and not last:
             run.checkpoint()
         if out_of_time:
-            end = run.step
+            stopped_by_deadline = True
             break
+    bar.close()
     run.seconds += time.perf_counter() - tick
-    if end > start:
+    if run.step > start:
         run.checkpoint()
-    history = run.history
-    final = [line for line in history if line["step"] == history[-1]["step"]] if history else []
-    if len(step_ends) > 1:
-        seconds_per_step = (step_ends[-1] - step_ends[0]) / (len(step_ends) - 1)
-    return dict(
-        name=name, model=model_config.to_dict(), parameters=count_parameters(run.ensemble.members[0]),
-        members=[asdict(m) for m in members], config=config.to_dict(), history=history, final=final,
-        seconds=round(run.seconds, 3), complete=end == config.steps, steps_done=end, seconds_per_step=seconds_per_step,
-    )
+    result = record(run.step == config.steps)
+    if on_evaluation is not None and run.step > start:
+        on_evaluation(result)
+    return result

@@ -29,10 +29,13 @@ def parameter_groups(model: nn.Module, lr: float, weight_decay: float) -> list[d
 
 
 def make_optimizer(models: Sequence[nn.Module], lrs: Iterable[float], weight_decay: float,
-                   betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.AdamW:
-    """AdamW over several models, each with its own peak learning rate (:func:`parameter_groups`)."""
+                   betas: tuple[float, float] = (0.9, 0.999), capturable: bool = False) -> torch.optim.AdamW:
+    """AdamW over several models, each with its own peak learning rate (:func:`parameter_groups`).
+
+    capturable: step counts stay on the device and learning rates may be device tensors, so that the step can be
+    recorded in a CUDA graph (:mod:`~loglin_edu.train.step`)."""
     groups = [g for model, lr in zip(models, lrs) for g in parameter_groups(model, lr, weight_decay)]
-    return torch.optim.AdamW(groups, betas=betas, foreach=True)
+    return torch.optim.AdamW(groups, betas=betas, foreach=True, capturable=capturable)
 
 
 def set_learning_rates(optimizer: torch.optim.Optimizer, factor: float) -> None:

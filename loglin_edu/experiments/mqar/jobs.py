@@ -1,9 +1,29 @@
-"""Running the recall experiments: one job is one architecture at one width, an ensemble of every (seed,
-learning rate) pair trained together; jobs run one after the other or as parallel worker processes."""
+"""Running the recall experiments. A *job* is one architecture at one width: an ensemble of every (seed, learning
+rate) pair, trained together. Jobs run one after the other in one process (the CPU tier), or as worker processes
+side by side on one GPU, each writing its own results file; one command merges them.
+
+A run folder ``out`` holds, per tier, its data and one folder per job::
+
+    out/<tier>/data.pt                  training, validation and test sets (made once, read by every worker)
+    out/<tier>/<model>-d<width>/        checkpoint.pt, log.jsonl, record.json (the job's results file, rewritten
+                                        after every evaluation), plan.json (its total steps), timing.json, stdout.txt
+
+A *piece* is one call with a wall-clock budget: every job of the piece starts, or resumes from its checkpoint, and
+stops at the piece's deadline (evaluating there and checkpointing) unless it finishes first. A job whose total
+steps are not fixed yet is planned: it reports its measured step time after its first steps (still in the
+warm-up, whose schedule does not depend on the total), and the piece gives every new job the same total
+
+    steps = ⌊ 0.75 · (seconds left) / Σ_jobs (seconds per step of job j) ⌋
+
+— the jobs share one device, so a step of all of them costs about the sum of their step times. The plan is kept
+in the job's folder: a later piece on the same folder continues toward the same total. A job killed at any
+moment loses at most the steps since its last evaluation (its record, log and checkpoint are written there).
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -12,22 +32,59 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from ...provenance import write_json
+from ...provenance import provenance, write_json
 from ...train import Member, TrainConfig, train
 from .report import results_record
-from .settings import TaskSpec, Tier, make_sets, model_config, state_size
+from .settings import TaskSpec, Tier, base_model, make_sets, model_config, state_size
+
+PLAN_SHARE = 0.75  # of the seconds left, for training steps (evaluations and contention take the rest)
+FINISH_S = 60.0  # before the budget's end: the jobs' last evaluations (side by side), checkpoints, results
+PLAN_WAIT_S = 0.5  # a worker's polling interval for its plan
+SLOWEST_FIRST = {"loglinear_gated_deltanet": 0, "gated_deltanet": 1, "loglinear_mamba2": 2, "mamba2": 3,
+                 "transformer": 4}
+
+
+class FilePlanner:
+    """A job's side of the plan (:class:`~loglin_edu.train.loop.Planner`): its step time goes to
+    ``timing.json``, its total steps come from ``plan.json`` in its folder."""
+
+    def __init__(self, job_dir: Path, give_up_s: float = 600.0) -> None:
+        self.job_dir, self.give_up = job_dir, time.time() + give_up_s
+
+    def report(self, seconds_per_step: float) -> None:
+        write_json(self.job_dir / "timing.json", dict(seconds_per_step=seconds_per_step))
+
+    def steps(self, wait: bool) -> int | None:
+        path = self.job_dir / "plan.json"
+        while True:
+            if path.exists():
+                return json.loads(path.read_text())["steps"]
+            if not wait or time.time() > self.give_up:
+                return None
+            time.sleep(PLAN_WAIT_S)
+
+
+def job_name(model: str, width: int) -> str:
+    return f"{model}-d{width}"
 
 
 def run_job(tier: Tier, model: str, width: int, *, out_dir: Path | None, device: str, progress: bool = True,
-            sets=None, stop_at: int | None = None, deadline: float | None = None,
-            data_cache: Path | None = None) -> dict[str, Any]:
-    """Train one ensemble (every seed and learning rate of ``tier``) of ``model`` at ``width``."""
-    train_sets, test_sets = sets if sets is not None else make_sets(tier.data, data_cache)
+            sets=None, stop_at: int | None = None, deadline: float | None = None, data_cache: Path | None = None,
+            planner=None) -> dict[str, Any]:
+    """Train one ensemble (every seed and learning rate of ``tier``) of ``model`` at ``width``; with ``out_dir``
+    its results file ``record.json`` is rewritten after every evaluation."""
+    train_sets, validation_sets, test_sets = sets if sets is not None else make_sets(tier.data, data_cache)
     members = [Member(seed, lr) for seed in tier.seeds for lr in tier.lrs]
     config = model_config(tier, model, width)
-    record = train(config, members, train_sets, test_sets, tier.train, out_dir=out_dir, name=f"{model}-d{width}",
-                   device=device, progress=progress, stop_at=stop_at, deadline=deadline)
-    record.update(model_name=model, width=width, state_size=state_size(config))
+    extra = dict(model_name=model, width=width, state_size=state_size(config))
+
+    def save(record: dict[str, Any]) -> None:
+        write_json(out_dir / "record.json", {**record, **extra})
+
+    record = train(config, members, train_sets, test_sets, tier.train, out_dir=out_dir, name=job_name(model, width),
+                   device=device, progress=progress, stop_at=stop_at, deadline=deadline,
+                   validation_sets=validation_sets, planner=planner, on_evaluation=save if out_dir is not None else None)
+    record.update(extra)
     return record
 
 
@@ -37,7 +94,7 @@ def run_tier(name: str, tier: Tier, *, out: Path | None, device: str, progress: 
     (also written to ``out/results.json`` when ``out`` is given)."""
     start = time.perf_counter()
     sets = make_sets(tier.data)
-    records = [run_job(tier, m, w, out_dir=None if out is None else out / f"{m}-d{w}", device=device,
+    records = [run_job(tier, m, w, out_dir=None if out is None else out / job_name(m, w), device=device,
                        progress=progress, sets=sets) for w in tier.widths for m in tier.models]
     result = results_record(name, tier, records, device=device, seconds=time.perf_counter() - start, commit=commit,
                             command=command)
@@ -46,76 +103,10 @@ def run_tier(name: str, tier: Tier, *, out: Path | None, device: str, progress: 
     return result
 
 
-SLOWEST_FIRST = {"loglinear_gated_deltanet": 0, "gated_deltanet": 1, "loglinear_mamba2": 2, "mamba2": 3, "transformer": 4}
-
-
-def run_parallel(tiers: dict[str, Tier], out: Path, device: str, *, jobs: int, budget_s: float | None = None,
-                 calibrate_steps: int = 30, commit: str | None = None, command: str | None = None) -> dict[str, dict]:
-    """Every job of several tiers, each in its own worker process, ``jobs`` at a time, on one device.
-
-    With ``budget_s`` (and every job running at once): phase 1 trains every job for ``calibrate_steps``
-    steps — inside the warm-up, where the schedule does not depend on the total — and measures the slowest
-    job's seconds per step while all of them run; every tier's ``steps`` then becomes what fits in the rest of
-    the budget (at most the tier's own, a multiple of its ``eval_every``), and phase 2 resumes every job
-    from its checkpoint to that many steps. The estimate can be optimistic (jobs that finish their
-    calibration early leave the others less contention than phase 2 has: on an H200 with ten jobs it
-    measured 55 ms per step against 130 in phase 2), so phase 2 also gets a deadline, ``budget_s - 20`` s
-    after the start: a job still running then stops, evaluates and records where it got
-    (``complete`` False). Returns ``{tier name: results record}``; each is also written
-    to ``out/<tier>/results.json``.
-    """
-    start, wall_start = time.perf_counter(), time.time()
-    grid = sorted(((n, m, w) for n, t in tiers.items() for w in t.widths for m in t.models),
-                  key=lambda job: (SLOWEST_FIRST[job[1]], -job[2]))
-    for n, t in tiers.items():
-        make_sets(t.data, out / slug(n) / "data.pt")  # once, before the workers load it
-    if budget_s is not None:
-        for t in tiers.values():
-            if calibrate_steps >= t.train.warmup_steps:
-                raise ValueError(f"calibrate_steps={calibrate_steps} must stay inside the warm-up ({t.train.warmup_steps})")
-        if jobs < len(grid):
-            raise ValueError(f"a budget needs every job running at once: jobs={jobs} < {len(grid)} jobs")
-        run_workers(tiers, grid, out, device, jobs, stop_at=calibrate_steps)
-        timed = [r["seconds_per_step"] for r in (read_record(out, job) for job in grid) if r and r["seconds_per_step"]]
-        if not timed:
-            raise RuntimeError("no job finished its calibration steps: see the stdout.txt of each job")
-        per_step = max(timed)
-        left = budget_s - (time.perf_counter() - start)
-        for n, t in tiers.items():
-            fit = int(0.85 * left / per_step) // t.train.eval_every * t.train.eval_every  # 15% for evaluations
-            steps = max(t.train.eval_every, min(t.train.steps, fit))
-            tiers[n] = replace(t, train=replace(t.train, steps=steps))
-            print(f"[{time.strftime('%H:%M:%S')}] {n}: {per_step * 1e3:.0f} ms per step with {len(grid)} jobs, "
-                  f"{left:.0f} s left -> {steps} steps", flush=True)
-    run_workers(tiers, grid, out, device, jobs, deadline=None if budget_s is None else wall_start + budget_s - 20)
-    seconds = time.perf_counter() - start
-    results = {}
-    for n, t in tiers.items():
-        records = [read_record(out, job) for job in grid if job[0] == n]
-        results[n] = results_record(n, t, [r for r in records if r], device=device, seconds=seconds, commit=commit,
-                                    command=command)
-        write_json(out / slug(n) / "results.json", results[n])
-    return results
-
-
-def assemble(name: str, tier: Tier, out: Path, **provenance) -> dict[str, Any]:
-    """The results record of a tier from its job directories (for a run whose orchestrator stopped early).
-
-    A job without a final record gets one rebuilt from its ``log.jsonl`` (``complete=False``) and the end of
-    its ``stdout.txt`` as ``error``.
-    """
-    records = []
-    for w in tier.widths:
-        for m in tier.models:
-            job_dir = job_folder(out, (name, m, w))
-            record = json.loads((job_dir / "record.json").read_text())
-            if not record["complete"]:
-                history = [json.loads(line) for line in (job_dir / "log.jsonl").read_text().splitlines() if line]
-                last = max((h["step"] for h in history), default=0)
-                record.update(history=history, final=[h for h in history if h["step"] == last], steps_done=last,
-                              error=(job_dir / "stdout.txt").read_text().strip().splitlines()[-1])
-            records.append(record)
-    return results_record(name, tier, records, **provenance)
+def grid(tiers: dict[str, Tier]) -> list[tuple[str, str, int]]:
+    """Every job ``(tier name, model, width)`` of ``tiers``, the slowest models and widest first."""
+    jobs = [(n, m, w) for n, t in tiers.items() for w in t.widths for m in t.models]
+    return sorted(jobs, key=lambda job: (SLOWEST_FIRST[base_model(job[1])], -job[2]))
 
 
 def slug(name: str) -> str:
@@ -123,43 +114,164 @@ def slug(name: str) -> str:
 
 
 def job_folder(out: Path, job: tuple[str, str, int]) -> Path:
-    return out / slug(job[0]) / f"{job[1]}-d{job[2]}"
+    return out / slug(job[0]) / job_name(job[1], job[2])
 
 
-def read_record(out: Path, job: tuple[str, str, int]) -> dict[str, Any] | None:
-    path = job_folder(out, job) / "record.json"
-    if path.exists():
-        return json.loads(path.read_text())
-    tail = (job_folder(out, job) / "stdout.txt").read_text()[-3000:]
-    print(f"{job} produced no record:\n{tail}", file=sys.stderr, flush=True)
-    return None
+def plan_steps(timings: dict[Any, float], fixed_seconds: float, seconds_left: float, cap: int, floor: int) -> int:
+    """The total steps of the jobs being planned: ``PLAN_SHARE`` of the seconds left, after ``fixed_seconds`` of
+    work of jobs whose totals are already fixed, shared by the jobs' summed step times; within ``[floor, cap]``."""
+    per_step = sum(timings.values())
+    fit = math.floor(PLAN_SHARE * max(0.0, seconds_left - fixed_seconds) / per_step) if per_step > 0 else cap
+    return max(floor, min(cap, fit // 10 * 10))
 
 
-def run_workers(tiers: dict[str, Tier], grid, out: Path, device: str, jobs: int, stop_at: int | None = None,
-                 deadline: float | None = None) -> None:
-    """Run each job of ``grid`` in its own worker process, ``jobs`` at a time (``stop_at``, ``deadline``: as
-    :func:`~loglin_edu.train.train`'s)."""
-    pending = list(grid)
-    running: dict[tuple[str, str, int], subprocess.Popen] = {}
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+def run_piece(tiers: dict[str, Tier], out: Path, device: str, *, budget_s: float | None = None,
+              modes: dict[str, str] | None = None, jobs: int | None = None) -> list[tuple[str, str, int]]:
+    """One piece: every job of ``tiers`` in its own worker process on one device (module docstring).
+
+    budget_s: the piece's wall-clock seconds (None: no deadline, and totals are the tiers' own steps); modes:
+    model -> training-step mode (``eager``, ``graphs``, ``compiled``, ``compiled+graphs``; a λ-tied variant takes
+    its model's; default: the tier's);
+    jobs: at most this many at once (with a budget every job must run at once). Returns the jobs it ran.
+    """
+    start = time.time()
+    deadline = None if budget_s is None else start + budget_s - FINISH_S
+    todo = grid(tiers)
+    jobs = len(todo) if jobs is None else jobs
+    if budget_s is not None and jobs < len(todo):
+        raise ValueError(f"a budget shares the device among every job at once: jobs={jobs} < {len(todo)} jobs")
+    for n, t in tiers.items():
+        make_sets(t.data, out / slug(n) / "data.pt")  # once, before the workers read it
+    unplanned = set()
+    for job in todo:
+        folder = job_folder(out, job)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "timing.json").unlink(missing_ok=True)
+        if budget_s is not None and not (folder / "plan.json").exists():
+            unplanned.add(job)
+    pending, running = list(todo), {}
+    planned = not unplanned
     while pending or running:
         while pending and len(running) < jobs:
             job = pending.pop(0)
-            job_dir = job_folder(out, job)
-            job_dir.mkdir(parents=True, exist_ok=True)
-            cmd = [sys.executable, "-m", "loglin_edu.experiments.mqar", "--tier", "gpu", "--worker", job[1], str(job[2]),
-                   "--out", str(job_dir), "--device", device, "--tier-json", json.dumps(tier_to_dict(tiers[job[0]]))]
-            if stop_at is not None:
-                cmd += ["--stop-at", str(stop_at)]
-            if deadline is not None:
-                cmd += ["--deadline", repr(deadline)]
-            with (job_dir / "stdout.txt").open("a") as log:
-                running[job] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+            running[job] = start_worker(tiers[job[0]], job, out, device, deadline, job in unplanned,
+                                        (modes or {}).get(base_model(job[1])))
         time.sleep(0.5)
         for job, proc in list(running.items()):
             if proc.poll() is not None:
                 del running[job]
-                print(f"[{time.strftime('%H:%M:%S')}] {slug(job[0])} {job[1]}-d{job[2]} exit {proc.returncode}", flush=True)
+                print(f"[{time.strftime('%H:%M:%S')}] {slug(job[0])} {job_name(job[1], job[2])} exit {proc.returncode}",
+                      flush=True)
+        if not planned:
+            planned = plan_piece(tiers, out, todo, unplanned, running, deadline, waited=time.time() - start,
+                                 budget_s=budget_s)
+    return todo
+
+
+def plan_piece(tiers, out: Path, todo, unplanned, running, deadline: float, *, waited: float, budget_s: float) -> bool:
+    """Write the plan of the piece's new jobs once every running one has reported its step time (or half the
+    budget has passed); returns whether the plan is written."""
+    timings = {}
+    for job in todo:
+        path = job_folder(out, job) / "timing.json"
+        if path.exists():
+            timings[job] = json.loads(path.read_text())["seconds_per_step"]
+    waiting = [job for job in running if job not in timings]
+    if waiting and waited < budget_s / 2:
+        return False
+    fixed = 0.0
+    for job, seconds in timings.items():
+        if job not in unplanned:
+            plan = json.loads((job_folder(out, job) / "plan.json").read_text())
+            fixed += seconds * max(0, plan["steps"] - read_steps_done(out, job))
+    new = {job: s for job, s in timings.items() if job in unplanned}
+    left = deadline - time.time()
+    cap = max(tiers[job[0]].train.steps for job in unplanned)
+    floor = max(tiers[job[0]].train.warmup_steps for job in unplanned) + 10
+    steps = plan_steps(new, fixed, left, cap, floor)
+    for job in unplanned:
+        write_json(job_folder(out, job) / "plan.json",
+                   dict(steps=min(steps, tiers[job[0]].train.steps), seconds_left=left, fixed_seconds=fixed,
+                        step_seconds={f"{slug(j[0])}/{job_name(j[1], j[2])}": s for j, s in new.items()},
+                        share=PLAN_SHARE, date=time.strftime("%Y-%m-%d %H:%M:%S")))
+    total = sum(new.values())
+    print(f"[{time.strftime('%H:%M:%S')}] plan: {len(new)} jobs, {1e3 * total:.0f} ms per step of all of them, "
+          f"{left:.0f} s left -> {steps} steps each", flush=True)
+    return True
+
+
+def read_steps_done(out: Path, job) -> int:
+    path = job_folder(out, job) / "record.json"
+    return json.loads(path.read_text())["steps_done"] if path.exists() else 0
+
+
+def start_worker(tier: Tier, job, out: Path, device: str, deadline: float | None, plan: bool, mode: str | None):
+    """The worker process of one job (``python -m loglin_edu.experiments.mqar --worker ...``)."""
+    folder = job_folder(out, job)
+    if not plan and (folder / "plan.json").exists():
+        tier = replace(tier, train=replace(tier.train, steps=json.loads((folder / "plan.json").read_text())["steps"]))
+    if mode is not None:
+        modes = dict(compile=mode.startswith("compiled"), graphs=mode.endswith("graphs"))
+        tier = replace(tier, train=replace(tier.train, **modes))
+    cmd = [sys.executable, "-m", "loglin_edu.experiments.mqar", "--tier", "gpu", "--worker", job[1], str(job[2]),
+           "--out", str(folder), "--device", device, "--tier-json", json.dumps(tier_to_dict(tier))]
+    if deadline is not None:
+        cmd += ["--deadline", repr(deadline)]
+    if plan:
+        cmd += ["--plan"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1")
+    with (folder / "stdout.txt").open("a") as log:
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def worker(tier: Tier, model: str, width: int, job_dir: Path, device: str, *, deadline: float | None, plan: bool,
+           stop_at: int | None = None) -> dict[str, Any]:
+    """What a worker process runs: its job, from the tier's shared data, planned or not."""
+    planner = FilePlanner(job_dir) if plan else None
+    return run_job(tier, model, width, out_dir=job_dir, device=device, progress=False,
+                   data_cache=job_dir.parent / "data.pt", deadline=deadline, planner=planner, stop_at=stop_at)
+
+
+def assemble(name: str, tier: Tier, out: Path) -> list[dict[str, Any]]:
+    """The records of a tier's jobs, read from their folders. A job without a results file (it never reached an
+    evaluation) gets a record with no evaluation and ``complete`` False; a job that stopped early and was not
+    stopped by its deadline (it failed, or was killed) gets the end of its ``stdout.txt`` as ``error``."""
+    records = []
+    for w in tier.widths:
+        for m in tier.models:
+            folder = job_folder(out, (name, m, w))
+            path = folder / "record.json"
+            stdout = folder / "stdout.txt"
+            tail = stdout.read_text().strip().splitlines()[-1:] if stdout.exists() else []
+            if path.exists():
+                record = json.loads(path.read_text())
+            else:
+                record = dict(name=job_name(m, w), model_name=m, width=w, members=[], history=[], final=[],
+                              complete=False, steps_done=0)
+            if not record["complete"] and not record.get("stopped_by_deadline"):
+                record["error"] = tail[0] if tail else "stopped without output (killed?)"
+            plan = folder / "plan.json"
+            if plan.exists():
+                record["plan"] = json.loads(plan.read_text())
+            records.append(record)
+    return records
+
+
+def merge(tiers: dict[str, Tier], out: Path, *, device: str, commit: str | None = None,
+          command: str | None = None) -> dict[str, Any]:
+    """One results file for every tier of a run folder (:func:`assemble`, then
+    :func:`~loglin_edu.experiments.mqar.report.results_record` per tier)."""
+    results = {}
+    for name, tier in tiers.items():
+        records = assemble(name, tier, out)
+        steps = [r.get("plan", {}).get("steps") or r.get("config", {}).get("steps") for r in records]
+        if any(steps):
+            tier = replace(tier, train=replace(tier.train, steps=max(s for s in steps if s)))
+        seconds = sum(r.get("seconds", 0.0) for r in records)
+        results[name] = results_record(name, tier, records, device=device, seconds=seconds, commit=commit,
+                                       command=command)
+    return dict(what="associative-recall reproduction: one results record per tier", **provenance(command, device),
+                **({"commit": commit} if commit else {}), tiers=results)
 
 
 def tier_to_dict(tier: Tier) -> dict[str, Any]:
@@ -171,6 +283,5 @@ def tier_to_dict(tier: Tier) -> dict[str, Any]:
 def tier_from_dict(d: dict[str, Any]) -> Tier:
     data = TaskSpec(**{**d["data"], "sizes": tuple(d["data"]["sizes"])})
     train_cfg = TrainConfig(**{**d["train"], "betas": tuple(d["train"]["betas"])})
-    return Tier(data=data, models=tuple(d["models"]), widths=tuple(d["widths"]), seeds=tuple(d["seeds"]),
-                lrs=tuple(d["lrs"]), train=train_cfg, n_layers=d["n_layers"], chunk_size=d["chunk_size"],
-                backend=d.get("backend", "torch"))
+    lists = {name: tuple(d[name]) for name in ("models", "widths", "seeds", "lrs")}
+    return Tier(**{**d, **lists, "data": data, "train": train_cfg})

@@ -1,0 +1,166 @@
+"""The training step in its three modes: compiled and captured steps compute what the eager step computes."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from loglin_edu.data import mqar
+from loglin_edu.layers import MIXERS, ModelConfig
+from loglin_edu.train import Member, TrainConfig, train
+from loglin_edu.train.step import step_mode
+
+TRAIN = [mqar(64, 16, 2, 32, seed=1), mqar(64, 16, 4, 32, seed=2)]
+TEST = {"pairs=2": mqar(16, 16, 2, 32, seed=3)}
+MEMBERS = [Member(0, 3e-3), Member(1, 1e-2), Member(2, 10**-1.5)]
+STEPS = TrainConfig(steps=8, batch_size=8, warmup_steps=2, eval_every=4)
+
+
+def config(name):
+    options = dict(backend="torch", form="naive", conv_size=3, rope=False) if name == "transformer" else \
+        dict(backend="torch", chunk_size=4)
+    return ModelConfig(name, vocab_size=32, d_model=16, max_len=16, mixer_options=options)
+
+
+def trained(name, tmp_path, label, device="cpu", **modes):
+    record = train(config(name), MEMBERS, TRAIN, TEST, replace(STEPS, **modes), out_dir=tmp_path / label,
+                   progress=False, device=device)
+    weights = torch.load(tmp_path / label / "checkpoint.pt", weights_only=False, map_location="cpu")["models"]
+    return record, weights
+
+
+def assert_same_training(eager, other, rtol):
+    """Same losses at every evaluation and the same weights after the last step, to float32 rounding."""
+    (record_a, weights_a), (record_b, weights_b) = eager, other
+    losses_a = torch.tensor([line["train_loss"] for line in record_a["history"]])
+    losses_b = torch.tensor([line["train_loss"] for line in record_b["history"]])
+    assert torch.allclose(losses_a, losses_b, rtol=rtol, atol=0), (losses_a, losses_b)
+    for a, b in zip(weights_a, weights_b):
+        for key in a:
+            scale = a[key].abs().max().clamp(min=1e-6)
+            assert ((a[key] - b[key]).abs().max() / scale).item() < rtol, key
+
+
+def test_step_modes_are_named_and_graphs_need_cuda(tmp_path):
+    assert [step_mode(replace(STEPS, compile=c, graphs=g)) for c in (False, True) for g in (False, True)] == \
+        ["eager", "graphs", "compiled", "compiled+graphs"]
+    with pytest.raises(ValueError, match="CUDA"):
+        train(config("mamba2"), MEMBERS, TRAIN, TEST, replace(STEPS, graphs=True), progress=False)
+
+
+@pytest.mark.slow
+def test_compiled_step_equals_the_eager_step(tmp_path):
+    """torch.compile fuses the loss's forward and backward; after 8 steps of three members the losses and
+    weights agree with eager to float32 rounding (the Transformer: the fastest model to compile on a CPU)."""
+    torch.set_num_threads(1)
+    eager = trained("transformer", tmp_path, "eager")
+    compiled = trained("transformer", tmp_path, "compiled", compile=True)
+    assert compiled[0]["step_mode"] == "compiled" and eager[0]["step_mode"] == "eager"
+    assert_same_training(eager, compiled, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(MIXERS))
+@pytest.mark.parametrize("compile", [False, True])
+def test_captured_step_equals_the_eager_step_on_cuda(tmp_path, name, compile):
+    """The whole step recorded in a CUDA graph (after its eager steps) trains as the eager step does."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    eager = trained(name, tmp_path, "eager", device="cuda")
+    captured = trained(name, tmp_path, "captured", device="cuda", graphs=True, compile=compile)
+    assert captured[0]["capture_error"] is None
+    assert captured[0]["step_mode"] == ("compiled+graphs" if compile else "graphs")
+    assert_same_training(eager, captured, rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_a_captured_run_resumes_as_if_uninterrupted(tmp_path):
+    """Stopped after 5 steps and started again (a new capture), a captured run ends with the weights of one that
+    never stopped."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cfg = replace(STEPS, graphs=True, checkpoint_every=2)
+    straight = train(config("loglinear_mamba2"), MEMBERS, TRAIN, TEST, cfg, out_dir=tmp_path / "a", progress=False,
+                     device="cuda")
+    train(config("loglinear_mamba2"), MEMBERS, TRAIN, TEST, cfg, out_dir=tmp_path / "b", progress=False, device="cuda",
+          stop_at=5)
+    resumed = train(config("loglinear_mamba2"), MEMBERS, TRAIN, TEST, cfg, out_dir=tmp_path / "b", progress=False,
+                    device="cuda")
+    assert resumed["complete"]
+    assert straight["final"][0]["train_loss"] == pytest.approx(resumed["final"][0]["train_loss"], rel=1e-5)
+    a = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False, map_location="cpu")["models"]
+    b = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False, map_location="cpu")["models"]
+    for x, y in zip(a, b):
+        for key in x:
+            assert torch.allclose(x[key], y[key], rtol=1e-5, atol=1e-7), key
+
+
+def test_step_time_benchmark_writes_its_rows(tmp_path):
+    """The benchmark's processes (one per mixer) take turns and write one row per mode, with provenance."""
+    import json
+
+    from loglin_edu.experiments.mqar import step_time
+
+    out = tmp_path / "step.json"
+    step_time.main(["--out", str(out), "--tier", "cpu", "--width", "16", "--models", "transformer", "--modes", "eager",
+                    "--train-examples", "100", "--device", "cpu"])
+    result = json.loads(out.read_text())
+    assert not result["failed"] and result["complete"]
+    assert [(r["model"], r["mode"]) for r in result["rows"]] == [("transformer", "eager")]
+    assert result["rows"][0]["ms_per_step"] > 0 and {"commit", "device", "versions"} <= result.keys()
+    assert list(tmp_path.iterdir()) == [out]  # the processes' working files stay out of the results folder
+    assert step_time.speedups([dict(model="m", mode="eager", ms_per_step=10.0),
+                               dict(model="m", mode="graphs", ms_per_step=2.0)]) == {"m": {"graphs": 5.0}}
+
+
+@pytest.mark.gpu
+def test_a_run_resumed_in_another_step_mode_trains_on(tmp_path):
+    """Stopped in eager mode and resumed with its step captured (as a later piece may choose), a run ends where an
+    eager run that never stopped ends, to float32 rounding."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cfg = replace(STEPS, checkpoint_every=2)
+    train(config("gated_deltanet"), MEMBERS, TRAIN, TEST, cfg, out_dir=tmp_path / "a", progress=False, device="cuda")
+    train(config("gated_deltanet"), MEMBERS, TRAIN, TEST, cfg, out_dir=tmp_path / "b", progress=False, device="cuda",
+          stop_at=5)
+    resumed = train(config("gated_deltanet"), MEMBERS, TRAIN, TEST, replace(cfg, graphs=True), out_dir=tmp_path / "b",
+                    progress=False, device="cuda")
+    assert resumed["complete"] and resumed["step_mode"] == "graphs" and resumed["capture_error"] is None
+    a = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False, map_location="cpu")["models"]
+    b = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False, map_location="cpu")["models"]
+    for x, y in zip(a, b):
+        for key in x:
+            assert torch.allclose(x[key], y[key], rtol=1e-4, atol=1e-6), key
+
+
+def test_a_compilation_that_fails_leaves_the_run_uncompiled(monkeypatch):
+    """torch.compile raising at the first step (an unsupported operator, a missing compiler): the run trains on
+    uncompiled, records why, and its steps equal an eager run's."""
+    def broken(fn, **_):
+        def call(*args):
+            raise RuntimeError("no compiler here")
+        return call
+
+    eager = train(config("mamba2"), MEMBERS, TRAIN, TEST, STEPS, progress=False)
+    monkeypatch.setattr(torch, "compile", broken)
+    fallen = train(config("mamba2"), MEMBERS, TRAIN, TEST, replace(STEPS, compile=True), progress=False)
+    assert fallen["compile_error"] == "RuntimeError: no compiler here" and fallen["step_mode"] == "eager"
+    assert [line["train_loss"] for line in fallen["history"]] == [line["train_loss"] for line in eager["history"]]
+
+
+def test_one_step_mode_for_a_piece_counts_its_compilation(tmp_path):
+    """Compiled steps are 3x faster but take 100 s to compile (scaled by the piece's jobs per measured model):
+    worth it in a long piece, not in a short one; a mode that failed for a model is never chosen."""
+    import json
+
+    from loglin_edu.experiments.mqar.__main__ import mode_from
+
+    def row(model, mode, ms, first, **extra):
+        return dict(model=model, mode=mode, ms_per_step=ms, seconds_to_first_step=first, capture_error=None, **extra)
+
+    rows = [row(m, "graphs", 30.0, 5.0) for m in ("a", "b")] + [row(m, "compiled+graphs", 10.0, 100.0) for m in ("a", "b")]
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(dict(modes=["graphs", "compiled+graphs"], rows=rows)))
+    assert mode_from(path, budget_s=3000, jobs=4) == "compiled+graphs"  # (3000 - 200) / 20 ms > (3000 - 10) / 60 ms
+    assert mode_from(path, budget_s=250, jobs=4) == "graphs"  # (250 - 200) / 20 ms < (250 - 10) / 60 ms
+    assert mode_from(path, budget_s=None, jobs=4) == "compiled+graphs"
+    rows[-1] = dict(model="b", mode="compiled+graphs", error="RuntimeError: no compiler")
+    path.write_text(json.dumps(dict(modes=["graphs", "compiled+graphs"], rows=rows)))
+    assert mode_from(path, budget_s=3000, jobs=4) == "graphs"
