@@ -216,7 +216,7 @@ def run_one(tier: LMTier, model: str, seed: int, data: TextData, out: Path, *, d
         record["evaluation"] = measure(trained, tier, data)
     if distributed.current().is_main:
         folder.mkdir(parents=True, exist_ok=True)
-        record_path.write_text(json.dumps(record))
+        write_json(record_path, record)
     distributed.barrier()
     return record
 
