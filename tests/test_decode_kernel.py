@@ -141,3 +141,27 @@ def test_mamba2_kernel_step_equals_the_recurrence():
         reference = transition(reference, k_h, g.double(), None) + write(k_h, v.double(), None)
         assert_close(got.double(), read(reference, q.double().expand(B, H, K)), rtol=1e-5, atol=1e-6, what="o")
         assert_close(state.double(), reference, rtol=1e-5, atol=1e-6, what="state")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)])
+def test_prefill_then_decode_against_the_fp32_forward(dtype):
+    """The Triton prefill of the first tokens, then the decode kernel token by token, in ``dtype`` (bf16 on a
+    GPU only: the interpreter's bf16 dots are wrong), within the dtype's bound of the fp32 chunkwise forward."""
+    import loglin_edu as le
+
+    on_gpu = DEVICE == "cuda"
+    B, T, t0, H, K, V = (2, 1000, 700, 4, 128, 64) if on_gpu else (1, 90, 70, 2, 16, 16)
+    gen = torch.Generator().manual_seed(8)
+    inputs = [torch.randn(B, T, 1, K, generator=gen) * K**-0.5, torch.randn(B, T, 1, K, generator=gen) * K**-0.5,
+              torch.randn(B, T, H, V, generator=gen), 0.5 + torch.rand(B, T, H, le.num_levels(T), generator=gen),
+              -0.1 * torch.rand(B, T, H, generator=gen)]
+    full = le.loglinear_attention(*(x.to(DEVICE) for x in inputs), form="chunkwise", chunk_size=16)
+    q, k, v, lam, g = (x.to(DEVICE, dtype) for x in inputs)
+    head, state = le.loglinear_attention(q[:, :t0], k[:, :t0], v[:, :t0], lam[:, :t0], g[:, :t0], form="triton",
+                                         chunk_size=16, return_state=True)
+    cache = FenwickCache.from_state(state, max_len=T, dtype=torch.float32)
+    tail = [decode.decode_step_(cache.levels, cache.position, q[:, t], k[:, t], v[:, t], lam[:, t], g[:, t])
+            for t in range(t0, T)]
+    got = torch.cat([head, torch.stack(tail, dim=1)], dim=1)
+    bound = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    assert_close(got.double(), full.double(), rtol=bound, what=f"{dtype} prefill {t0} + decode {T - t0}")
