@@ -30,6 +30,8 @@ def test_caption_lists_device_versions_and_date_and_the_commit_only_when_asked()
               "versions": {"device": "GPU X", "torch": "2.9", "triton": "3.6.0", "fla-core": "not installed"}}
     assert results.caption(record) == "GPU X · torch 2.9 · triton 3.6.0 · 2026-01-02"
     assert results.caption(record, commit=True).endswith(" · code abc1234")
+    long = dict(record, commit="240ce3e1c0e041f43463f404920bb6f2a0629b80")
+    assert results.caption(long, commit=True).endswith(" · code 240ce3e")
 
 
 def test_an_unknown_name_lists_the_files():

@@ -51,7 +51,8 @@ def read_bytes(name: str) -> bytes:
 
 def caption(record: dict[str, Any], *, commit: bool = False) -> str:
     """One line saying where ``record``'s numbers come from: device, library versions and date (and the code's
-    commit when ``commit``), e.g. ``NVIDIA H200 · torch 2.11.0+cu130 · triton 3.6.0 · 2026-11-30``.
+    commit, in its 7-character short form, when ``commit``), e.g.
+    ``NVIDIA H200 · torch 2.11.0+cu130 · triton 3.6.0 · 2026-11-30``.
     Reads ``versions`` and ``date`` (benchmarks) or ``environment`` (experiments)."""
     versions = record.get("versions") or record.get("environment") or {}  # older experiment files: "environment"
     parts = [versions.get("device") or record.get("device") or "unknown device"]
@@ -60,5 +61,5 @@ def caption(record: dict[str, Any], *, commit: bool = False) -> str:
     if date:
         parts.append(date[:10])
     if commit and record.get("commit"):
-        parts.append(f"code {record['commit']}")
+        parts.append(f"code {record['commit'][:7]}")  # a commit's short form, as git prints it
     return " · ".join(parts)
