@@ -98,9 +98,11 @@ def main(argv=None) -> dict:
             result["complete"] = len(rows) == len(names) * len(s.lengths)
             write_json(out, result)
             row = rows[-1]
-            print(f"T={row['T']:6d} {row['name']}: fwd {row.get('forward_ms', float('nan')):.2f} ms, "
-                  f"fwd+bwd {row.get('forward_backward_ms', float('nan')):.2f} ms, peak "
-                  f"{row.get('peak_memory_mib', float('nan')):.0f} MiB {row.get('error', row.get('skipped', ''))}",
+            measured = [f"{what} {row[key]:.2f} ms" for what, key in (("fwd", "forward_ms"), ("fwd+bwd", "forward_backward_ms"))
+                        if row.get(key) is not None]
+            if row.get("peak_memory_mib") is not None and row["peak_memory_mib"] == row["peak_memory_mib"]:
+                measured.append(f"peak {row['peak_memory_mib']:.0f} MiB")  # a CPU has no allocator statistics: NaN
+            print(f"T={row['T']:6d} {row['name']}: {', '.join(measured)} {row.get('error', row.get('skipped', ''))}".rstrip(),
                   flush=True)
 
         benchmark(s, names, device, progress=not args.quiet, on_row=save)
