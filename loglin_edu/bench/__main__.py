@@ -98,12 +98,13 @@ def main(argv=None) -> dict:
             result["complete"] = len(rows) == len(names) * len(s.lengths)
             write_json(out, result)
             row = rows[-1]
-            measured = [f"{what} {row[key]:.2f} ms" for what, key in (("fwd", "forward_ms"), ("fwd+bwd", "forward_backward_ms"))
-                        if row.get(key) is not None]
-            if row.get("peak_memory_mib") is not None and row["peak_memory_mib"] == row["peak_memory_mib"]:
-                measured.append(f"peak {row['peak_memory_mib']:.0f} MiB")  # a CPU has no allocator statistics: NaN
-            print(f"T={row['T']:6d} {row['name']}: {', '.join(measured)} {row.get('error', row.get('skipped', ''))}".rstrip(),
-                  flush=True)
+            timings = (("fwd", "forward_ms"), ("fwd+bwd", "forward_backward_ms"))
+            measured = [f"{what} {row[key]:.2f} ms" for what, key in timings if row.get(key) is not None]
+            peak = row.get("peak_memory_mib")
+            if peak is not None and peak == peak:  # a CPU has no allocator statistics: NaN
+                measured.append(f"peak {peak:.0f} MiB")
+            note = row.get("error", row.get("skipped", ""))
+            print(f"T={row['T']:6d} {row['name']}: {', '.join(measured)} {note}".rstrip(), flush=True)
 
         benchmark(s, names, device, progress=not args.quiet, on_row=save)
     write_json(out, result)
