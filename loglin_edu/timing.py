@@ -31,37 +31,37 @@ def median_ms(
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     grads = list(grads)
-    if torch.device(device).type == "cuda":
-        return _cuda_median_ms(fn, repeats, warmup, grads, cuda_ms)
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        for g in grads:
-            g.grad = None
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return sorted(times)[len(times) // 2]
-
-
-def _cuda_median_ms(fn, repeats: int, warmup: int, grads: list[torch.Tensor], cuda_ms: float) -> float:
+    if torch.device(device).type != "cuda":
+        return _median_of_calls(fn, repeats, warmup, grads, _wall_clock_ms)
     try:
         import triton.testing
     except ImportError:
-        triton = None
-    if triton is not None:
-        return triton.testing.do_bench(fn, warmup=25, rep=cuda_ms, grad_to_none=grads or None, return_mode="median")
+        return _median_of_calls(fn, repeats, warmup, grads, _cuda_events_ms)
+    return triton.testing.do_bench(fn, warmup=25, rep=cuda_ms, grad_to_none=grads or None, return_mode="median")
+
+
+def _median_of_calls(fn, repeats: int, warmup: int, grads: list[torch.Tensor], call_ms) -> float:
+    """Median of ``call_ms(fn)`` over ``repeats`` calls after ``warmup`` untimed calls, gradients reset each time."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
         for g in grads:
             g.grad = None
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(call_ms(fn))
     return sorted(times)[len(times) // 2]
+
+
+def _wall_clock_ms(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def _cuda_events_ms(fn) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)
