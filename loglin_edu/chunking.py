@@ -34,7 +34,6 @@ from dataclasses import dataclass
 import torch
 
 from .layout import pad_time
-from .masks import segment_sum
 
 
 @dataclass
@@ -69,6 +68,18 @@ def split_chunks(x: torch.Tensor, chunk_size: int) -> torch.Tensor:
     return x.reshape(x.shape[0], x.shape[1], n_chunks, chunk_size, *x.shape[3:])
 
 
+def within_chunk_decay(g_cum: torch.Tensor) -> torch.Tensor:
+    """``Γ[i, j] = exp(G_i - G_j)`` for ``j <= i``, 0 above: ``[..., C] -> [..., C, C]``.
+
+    g_cum: the log decay summed from the chunk's start (``G_i - G_start``). One subtraction per entry: the sums
+    are local to a chunk, so they stay small and their difference keeps float32's precision; over a whole
+    sequence :func:`~loglin_edu.masks.segment_sum` avoids subtracting large sums instead.
+    """
+    C = g_cum.shape[-1]
+    causal = torch.ones(C, C, dtype=torch.bool, device=g_cum.device).tril()
+    return (g_cum[..., :, None] - g_cum[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+
+
 def chunk_terms(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -86,7 +97,7 @@ def chunk_terms(
         log_decay, chunk_size
     )
     g_cum = g.cumsum(-1)  # G_i - G_start, [B, H, N, C]
-    within = segment_sum(g).exp()  # Γ[i, j] = γ_i / γ_j for j <= i, 0 above
+    within = within_chunk_decay(g_cum)  # Γ[i, j] = γ_i / γ_j for j <= i, 0 above
     scores = (qc @ kc.transpose(-1, -2)) * within  # Γ ⊙ Q Kᵀ
     k_to_end = kc * (g_cum[..., -1:] - g_cum).exp()[..., None]  # K̃
     decay_to_end = g_cum[..., -1].exp()  # γ_C, [B, H, N]
