@@ -143,6 +143,13 @@ def solve_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype in (torch.float32, torch.float64) else "tf32x3"
 
 
+def chunk_backward_precision(dtype: torch.dtype, precision: str = "fast") -> str:
+    """``tl.dot`` precision of the delta rule's per-chunk backward kernel: as :func:`dot_precision`, except that
+    fp32 calls multiply in tf32x3 (about fp32 accuracy), not ``"ieee"``: with exact fp32 dots this kernel, the
+    largest of the ladder, takes ptxas minutes to compile."""
+    return "tf32x3" if dtype == torch.float32 else dot_precision(dtype, precision)
+
+
 @dataclass(frozen=True)
 class DeltaLaunchConfig:
     """Knobs of the log-linear Gated DeltaNet kernels (steps 6-9); every value computes the same function.
