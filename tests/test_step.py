@@ -29,8 +29,9 @@ def trained(name, tmp_path, label, device="cpu", **modes):
     return record, weights
 
 
-def assert_same_training(eager, other, rtol):
-    """Same losses at every evaluation and the same weights after the last step, to float32 rounding."""
+def assert_same_training(eager, other, rtol, weights_rtol=None):
+    """Same losses at every evaluation (``rtol``) and the same weights after the last step (``weights_rtol``,
+    default ``rtol``; the largest difference relative to the tensor's largest entry), to float32 rounding."""
     (record_a, weights_a), (record_b, weights_b) = eager, other
     losses_a = torch.tensor([line["train_loss"] for line in record_a["history"]])
     losses_b = torch.tensor([line["train_loss"] for line in record_b["history"]])
@@ -38,7 +39,7 @@ def assert_same_training(eager, other, rtol):
     for a, b in zip(weights_a, weights_b):
         for key in a:
             scale = a[key].abs().max().clamp(min=1e-6)
-            assert ((a[key] - b[key]).abs().max() / scale).item() < rtol, key
+            assert ((a[key] - b[key]).abs().max() / scale).item() < (weights_rtol or rtol), key
 
 
 def test_step_modes_are_named_and_graphs_need_cuda(tmp_path):
@@ -63,13 +64,19 @@ def test_compiled_step_equals_the_eager_step(tmp_path):
 @pytest.mark.parametrize("name", list(MIXERS))
 @pytest.mark.parametrize("compile", [False, True])
 def test_captured_step_equals_the_eager_step_on_cuda(tmp_path, name, compile):
-    """The whole step recorded in a CUDA graph (after its eager steps) trains as the eager step does."""
+    """The whole step recorded in a CUDA graph (after its eager steps) trains as the eager step does.
+
+    On the GPU two runs of one step already differ in the last bits (the embedding's backward adds its rows in
+    no fixed order), and AdamW divides by √v, which magnifies those bits where a gradient is near zero: after
+    8 steps at learning rates up to 10^-1.5 eager and captured weights differ by a few 1e-4 of their largest
+    entry, so the weights are held to 1e-3 and the losses to 1e-4. A step that read a stale batch or learning
+    rate moves a weight by a whole AdamW update (about its learning rate, 10^-3 to 10^-1.5)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     eager = trained(name, tmp_path, "eager", device="cuda")
     captured = trained(name, tmp_path, "captured", device="cuda", graphs=True, compile=compile)
     assert captured[0]["capture_error"] is None
     assert captured[0]["step_mode"] == ("compiled+graphs" if compile else "graphs")
-    assert_same_training(eager, captured, rtol=1e-4)
+    assert_same_training(eager, captured, rtol=1e-4, weights_rtol=1e-3)
 
 
 @pytest.mark.gpu

@@ -252,6 +252,16 @@ def test_no_verdict_between_cells_trained_for_different_numbers_of_steps():
     assert not far["equal_training"] and far["verdict"] is None and far["steps"]["mamba2"] == [800]
 
 
+def test_training_scale_counts_steps_per_width():
+    """Widths trained in different pieces can have different lengths: the scale says the steps of each width."""
+    jobs = [dict(name=f"{m}-d{w}", width=w, steps_done=steps, complete=True)
+            for w, steps in ((16, 650), (64, 2000)) for m in ("transformer", "mamba2")]
+    result = dict(jobs=jobs, widths=[16, 64], train=dict(batch_size=60), seeds=[0, 1, 2], lrs=[1e-3], best=[])
+    scale = experiment.training_scale(result)
+    assert scale["steps_by_width"] == {16: 650, 64: 2000}
+    assert (scale["steps_min"], scale["steps_max"], scale["sequences"]) == (650, 2000, 120_000)
+
+
 def test_a_tie_at_the_top_is_judged_as_a_tie():
     both = {("transformer", 64): [1.0] * 3, ("gated_deltanet", 64): [0.995, 0.999, 0.993],
             ("loglinear_gated_deltanet", 64): [0.999, 0.998, 0.997]}

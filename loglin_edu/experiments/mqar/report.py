@@ -101,12 +101,16 @@ def level_scales_by_level(result: dict[str, Any], model: str, width: int) -> lis
 
 
 def training_scale(result: dict[str, Any]) -> dict[str, Any]:
-    """How much a run trained: steps done (fewest and most over jobs), sequences per model, the fraction of
-    Zoology's training that is, seeds, rates, and the jobs that stopped before their planned last step."""
+    """How much a run trained: steps done (fewest and most over jobs, and the most at each width), sequences per
+    model, the fraction of Zoology's training that is, seeds, rates, and the jobs that stopped before their
+    planned last step."""
     done = [j["steps_done"] for j in result["jobs"] if j.get("steps_done")]
     batch = result["train"]["batch_size"]
     most = max(done, default=0)
-    return dict(steps_min=min(done, default=0), steps_max=most, batch_size=batch, sequences=most * batch,
+    by_width = {w: max((j.get("steps_done") or 0 for j in result["jobs"] if j.get("width") == w), default=0)
+                for w in result["widths"]}
+    return dict(steps_min=min(done, default=0), steps_max=most, steps_by_width=by_width, batch_size=batch,
+                sequences=most * batch,
                 zoology_sequences=ZOOLOGY_SEQUENCES, zoology_fraction=most * batch / ZOOLOGY_SEQUENCES,
                 seeds=len(result["seeds"]), lrs=result["lrs"], widths=result["widths"],
                 jobs=len(result["jobs"]), incomplete=[j["name"] for j in result["jobs"] if not j["complete"]],
