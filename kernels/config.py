@@ -128,7 +128,8 @@ DELTA_PRECISIONS = ("fast", "exact")
 """How the delta-rule kernels (steps 6-9) multiply fp32 blocks in 16-bit calls (``DeltaLaunchConfig.precision``):
 ``"fast"`` in tf32, ``"exact"`` in tf32x3 (about fp32 accuracy). Every intermediate they store (the WY factors,
 the level states and their gradients) is fp32 in both; the ``C × C`` triangular solve always runs in tf32x3.
-fp32 and fp64 calls multiply exactly (``"ieee"``)."""
+fp32 and fp64 calls multiply exactly (``"ieee"``), except in the per-chunk backward, where fp32 calls multiply in
+tf32x3 (:func:`chunk_backward_precision`)."""
 
 def key_tiles(K: int, widest: int = MAX_BLOCK) -> tuple[int, int]:
     """``(BK1, BK2)``: the key dimension as a first tile of at most ``widest`` columns and a second tile for
