@@ -107,11 +107,12 @@ def test_step_time_benchmark_writes_its_rows(tmp_path):
     from loglin_edu.experiments.mqar import step_time
 
     out = tmp_path / "step.json"
-    step_time.main(["--out", str(out), "--tier", "cpu", "--width", "16", "--models", "transformer", "--modes", "eager",
-                    "--train-examples", "100", "--device", "cpu"])
+    step_time.main(["--out", str(out), "--tier", "cpu", "--width", "16", "--models", "mamba2", "--modes", "eager",
+                    "--train-examples", "100", "--device", "cpu", "--chunk-size", "4"])
     result = json.loads(out.read_text())
+    assert result["chunk_size"] == 4 and result["backend"] == "torch" and "chunk 4" in result["what"]
     assert not result["failed"] and result["complete"]
-    assert [(r["model"], r["mode"]) for r in result["rows"]] == [("transformer", "eager")]
+    assert [(r["model"], r["mode"]) for r in result["rows"]] == [("mamba2", "eager")]
     assert result["rows"][0]["ms_per_step"] > 0 and {"commit", "device", "versions"} <= result.keys()
     assert list(tmp_path.iterdir()) == [out]  # the processes' working files stay out of the results folder
     assert step_time.speedups([dict(model="m", mode="eager", ms_per_step=10.0),

@@ -139,7 +139,7 @@ def test_batch_size_must_split_over_the_sets():
 @pytest.mark.slow
 def test_cli_runs_the_cpu_tier_end_to_end(tmp_path):
     experiment_main(["--tier", "cpu", "--steps", "2", "--eval-every", "2", "--out", str(tmp_path), "--no-progress",
-                     "--results", str(tmp_path / "results")])
+                     "--results", str(tmp_path / "results"), "--chunk-size", "4"])
     result = json.loads((tmp_path / "results" / "mqar_cpu.json").read_text())
     assert [j["model_name"] for j in result["jobs"]] == list(experiment.MODELS)
     assert len(result["best"]) == len(experiment.MODELS) and "gate" in result and "verdicts" in result
@@ -148,6 +148,7 @@ def test_cli_runs_the_cpu_tier_end_to_end(tmp_path):
     for job in result["jobs"]:
         assert job["complete"] and job["parameters"]["total"] > job["parameters"]["embedding"] > 0
         assert (tmp_path / f"{job['name']}" / "checkpoint.pt").exists()
+        assert job["model"]["mixer_options"].get("chunk_size", 4) == 4  # the Transformer has no chunk
 
 
 def test_tier_backend_reaches_the_layers():

@@ -42,13 +42,16 @@ MODES = ("eager", "graphs", "compiled", "compiled+graphs")
 READY_WAIT_S = 900.0
 
 
-def benchmark_tier(tier_name: str, train_examples: int | None) -> Tier:
+def benchmark_tier(tier_name: str, train_examples: int | None, chunk_size: int | None = None,
+                   backend: str | None = None) -> Tier:
     """The tier whose step is measured, without validation and test sets (``train_examples``: training sequences
-    per set, default the tier's)."""
+    per set; ``chunk_size``: the recurrent mixers' chunk; ``backend``: ``"torch"`` or ``"auto"``; each by default
+    the tier's)."""
     tier = TIERS[tier_name]
     data = replace(tier.data, train_examples=train_examples or tier.data.train_examples, validation_examples=1,
                    test_examples=1)
-    return replace(tier, data=data, train=replace(tier.train, steps=10**9))
+    return replace(tier, data=data, train=replace(tier.train, steps=10**9), chunk_size=chunk_size or tier.chunk_size,
+                   backend=backend or tier.backend)
 
 
 def prepared_step(tier: Tier, model: str, width: int, mode: str, device: torch.device, train_sets) -> tuple[Any, float]:
@@ -155,6 +158,9 @@ def main(argv: list[str] | None = None) -> None:
                              "on CUDA; eager, compiled on a CPU)")
     parser.add_argument("--train-examples", type=int, default=None,
                         help="training sequences per set (default: the tier's, so compiled kernels are the runs' own)")
+    parser.add_argument("--chunk-size", type=int, default=None, help="the recurrent mixers' chunk (default: the tier's)")
+    parser.add_argument("--backend", choices=["torch", "auto"], default=None,
+                        help="'auto': the Triton kernel for log-linear Mamba-2 on CUDA (default: the tier's, torch)")
     parser.add_argument("--device", default=None)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
@@ -167,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     modes = args.modes.split(",") if args.modes else list(default)
     if unknown := [m for m in modes if m not in MODES]:
         parser.error(f"unknown modes {unknown}; choose from {MODES}")
-    tier = benchmark_tier(args.tier, args.train_examples)
+    tier = benchmark_tier(args.tier, args.train_examples, args.chunk_size, args.backend)
     if args.worker:
         rows = worker(tier, args.worker, args.width, modes, device, args.folder, args.count)
         write_json(args.folder / f"rows-{args.worker}.json", rows)
@@ -188,8 +194,10 @@ def run_workers(args: argparse.Namespace, argv: list[str] | None, modes: list[st
         cmd = [sys.executable, "-m", "loglin_edu.experiments.mqar.step_time", "--out", str(args.out),
                "--tier", args.tier, "--width", str(args.width), "--modes", ",".join(modes), "--device", str(device),
                "--worker", model, "--folder", str(folder), "--count", str(len(models))]
-        if args.train_examples:
-            cmd += ["--train-examples", str(args.train_examples)]
+        for option, value in (("--train-examples", args.train_examples), ("--chunk-size", args.chunk_size),
+                              ("--backend", args.backend)):
+            if value:
+                cmd += [option, str(value)]
         log = (folder / f"log-{model}.txt").open("w")
         processes[model] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(
             os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS=threads))
@@ -231,9 +239,10 @@ def collect(args, running, rows, failed, folder: Path, start: float, command: st
             write_json(args.out, dict(
                 what=f"milliseconds per training step of the {args.tier} tier's ensembles: T = {tier.data.seq_len}, "
                      f"batch {tier.train.batch_size} per member, vocabulary {tier.data.vocab_size}, {tier.n_layers} "
-                     f"layers, width {args.width}, {members} members (seeds × learning rates)",
+                     f"layers, width {args.width}, {members} members (seeds × learning rates), chunk {tier.chunk_size}, "
+                     f"backend {tier.backend}",
                 **provenance(command, device), seconds=round(time.perf_counter() - start, 1), tier=args.tier,
-                width=args.width, members=members, batch_size=tier.train.batch_size, seq_len=tier.data.seq_len,
+                width=args.width, members=members, chunk_size=tier.chunk_size, backend=tier.backend, batch_size=tier.train.batch_size, seq_len=tier.data.seq_len,
                 modes=modes, rows=sorted(rows, key=lambda r: (models.index(r["model"]), modes.index(r["mode"]))),
                 speedup=speedups(rows), failed=failed, complete=not running,
             ))
