@@ -230,6 +230,7 @@ def test_decoding_figures_render():
     plt.close("all")
 
 
+@pytest.mark.filterwarnings("ignore:Animation was deleted without rendering")
 def test_counter_animation_titles_count_in_the_singular_and_plural():
     import matplotlib.pyplot as plt
 
