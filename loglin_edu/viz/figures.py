@@ -100,7 +100,9 @@ def draw_buckets(t: int, ax=None, *, seq_len: int | None = None):
         if len(keys):
             color = cmap(norm(lvl))
             ax.add_patch(Rectangle((keys.start - 0.5, 0), len(keys), 1, fc=color, ec="white", lw=1))
-            label = f"ℓ={lvl}" if len(keys) < 4 else f"level {lvl}: {keys.start}..{keys.stop - 1}"
+            share = len(keys) / width  # of the strip: a label is drawn only where it fits
+            label = f"level {lvl}: {keys.start}..{keys.stop - 1}" if share >= 0.2 and len(keys) >= 4 else \
+                f"ℓ={lvl}" if share >= 0.045 else ""
             ax.text((keys.start + keys.stop - 1) / 2, 0.5, label, ha="center", va="center", fontsize=8, color="white")
     ax.set_xlim(-0.5, width - 0.5)
     ax.set_ylim(0, 1)
