@@ -230,7 +230,6 @@ def test_decoding_figures_render():
     plt.close("all")
 
 
-@pytest.mark.filterwarnings("ignore:Animation was deleted without rendering")
 def test_counter_animation_titles_count_in_the_singular_and_plural():
     import matplotlib.pyplot as plt
 
@@ -243,4 +242,5 @@ def test_counter_animation_titles_count_in_the_singular_and_plural():
     for t in (2, 3, 4):  # level 0 and one level per set bit of the last position t - 1
         live = 1 + bin(t - 1).count("1")
         assert titles[t].startswith(f"after {t} tokens (") and f": {live} levels live" in titles[t]
+    viz.to_html(animation)  # renders the frames and closes the figure
     plt.close("all")
