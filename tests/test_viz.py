@@ -223,4 +223,24 @@ def test_decoding_figures_render():
     rows.append(dict(name="c", batch=1, context=8, skipped="too big"))
     ax = viz.draw_decode_results({"rows": rows}, "step_ms", batch=1)
     assert len(ax.get_lines()) == 3
+    rows = [dict(name=n, batch=1, context=T, step_ms=0.1 * T) for n in viz.DECODE_LABELS for T in (4, 8)]
+    ax = viz.draw_decode_results({"rows": rows}, "step_ms", batch=1)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == list(viz.DECODE_LABELS.values())
+    assert ax.get_legend().get_bbox_to_anchor().y1 < ax.get_window_extent().y0  # below the axes, off the data
+    plt.close("all")
+
+
+def test_counter_animation_titles_count_in_the_singular_and_plural():
+    import matplotlib.pyplot as plt
+
+    animation = viz.counter_animation(4)
+    titles = {}
+    for t in (1, 2, 3, 4):
+        animation._func(t)
+        titles[t] = animation._fig.axes[0].get_title()
+    assert titles[1].startswith("after 1 token (") and ": 1 level live" in titles[1]
+    for t in (2, 3, 4):  # level 0 and one level per set bit of the last position t - 1
+        live = 1 + bin(t - 1).count("1")
+        assert titles[t].startswith(f"after {t} tokens (") and f": {live} levels live" in titles[t]
+    viz.to_html(animation)  # renders the frames and closes the figure
     plt.close("all")

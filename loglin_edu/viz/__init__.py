@@ -10,6 +10,7 @@ from . import browser
 from .animate import buffer_occupancy, counter_animation, level_animation, query_animation, stage_animation, to_html
 from .explore import bucket_explorer, mask_explorer
 from .figures import (
+    DECODE_LABELS,
     Block,
     counter_occupancy,
     draw_binary_counter,
@@ -28,6 +29,7 @@ from .measure import best_median_seconds, matmul_flops, median_seconds
 from .notation import MACROS, define_macros, source
 
 __all__ = [
+    "DECODE_LABELS",
     "MACROS",
     "Block",
     "best_median_seconds",

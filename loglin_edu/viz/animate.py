@@ -104,8 +104,9 @@ def counter_animation(steps: int) -> FuncAnimation:
         ax.set_xticks(range(L))
         ax.set_xlabel("level")
         ax.set_ylabel("keys held")
-        ax.set_title(f"after {t} tokens (last position 0b{position:b}): {int((keys > 0).sum())} levels live{carry}",
-                     fontsize=9)
+        live = int((keys > 0).sum())
+        ax.set_title(f"after {t} token{'s' * (t != 1)} (last position 0b{position:b}): "
+                     f"{live} level{'s' * (live != 1)} live{carry}", fontsize=9)
 
     return FuncAnimation(fig, frame, frames=range(1, steps + 1), interval=600)
 

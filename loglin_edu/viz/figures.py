@@ -100,7 +100,9 @@ def draw_buckets(t: int, ax=None, *, seq_len: int | None = None):
         if len(keys):
             color = cmap(norm(lvl))
             ax.add_patch(Rectangle((keys.start - 0.5, 0), len(keys), 1, fc=color, ec="white", lw=1))
-            label = f"ℓ={lvl}" if len(keys) < 4 else f"level {lvl}: {keys.start}..{keys.stop - 1}"
+            share = len(keys) / width  # of the strip: a label is drawn only where it fits
+            label = f"level {lvl}: {keys.start}..{keys.stop - 1}" if share >= 0.2 and len(keys) >= 4 else \
+                f"ℓ={lvl}" if share >= 0.045 else ""
             ax.text((keys.start + keys.stop - 1) / 2, 0.5, label, ha="center", va="center", fontsize=8, color="white")
     ax.set_xlim(-0.5, width - 0.5)
     ax.set_ylim(0, 1)
@@ -234,18 +236,32 @@ def draw_series(lengths, series: dict[str, list[float]], ax=None, *, ylabel: str
     return ax
 
 
-def draw_decode_results(result: dict, quantity: str, batch: int, ax=None, *, names=None):
+DECODE_LABELS = {
+    "loglinear": "log-linear Mamba-2 (Triton step)",
+    "loglinear_torch": "log-linear Mamba-2 (PyTorch step)",
+    "mamba2": "Mamba-2",
+    "attention": "softmax attention, KV cache",
+}
+"""The implementations of :mod:`loglin_edu.bench.decode` as the book names them."""
+
+
+def draw_decode_results(result: dict, quantity: str, batch: int, ax=None, *, names=None, legend: bool = True):
     """One panel of a decode benchmark's results (:mod:`loglin_edu.bench.decode`): ``quantity`` (``"step_ms"``
     or ``"state_bytes"``) against the context for every implementation, at batch ``batch``; a row without the
-    quantity (a skipped KV cache) leaves a gap."""
+    quantity (a skipped KV cache) leaves a gap. Series carry the names of :data:`DECODE_LABELS`; the legend
+    goes below the axes (``legend=False``: none, for one legend shared by several panels)."""
     rows = [r for r in result["rows"] if r["batch"] == batch]
     contexts = sorted({r["context"] for r in rows})
     names = names or list(dict.fromkeys(r["name"] for r in rows))
     series = {}
     for name in names:
         by_context = {r["context"]: r.get(quantity) for r in rows if r["name"] == name}
-        series[name] = [np.nan if by_context.get(T) is None else by_context[T] for T in contexts]
+        series[DECODE_LABELS.get(name, name)] = [np.nan if by_context.get(T) is None else by_context[T]
+                                                 for T in contexts]
     label = {"step_ms": "ms per token (one layer's step)", "state_bytes": "bytes of decoding state"}[quantity]
     ax = draw_series(contexts, series, ax, ylabel=label, title=f"batch {batch}")
     ax.set_xlabel("context T (tokens)")
+    ax.get_legend().remove()
+    if legend:
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8, frameon=False)
     return ax
