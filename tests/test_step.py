@@ -42,6 +42,15 @@ def assert_same_training(eager, other, rtol, weights_rtol=None):
             assert ((a[key] - b[key]).abs().max() / scale).item() < (weights_rtol or rtol), key
 
 
+def assert_same_checkpoints(a_dir, b_dir, rtol, atol):
+    """The members' weights in two run folders' checkpoints agree to ``rtol``/``atol``."""
+    a = torch.load(a_dir / "checkpoint.pt", weights_only=False, map_location="cpu")["models"]
+    b = torch.load(b_dir / "checkpoint.pt", weights_only=False, map_location="cpu")["models"]
+    for x, y in zip(a, b, strict=True):
+        for key in x:
+            assert torch.allclose(x[key], y[key], rtol=rtol, atol=atol), key
+
+
 def test_step_modes_are_named_and_graphs_need_cuda(tmp_path):
     assert [step_mode(replace(STEPS, compile=c, graphs=g)) for c in (False, True) for g in (False, True)] == \
         ["eager", "graphs", "compiled", "compiled+graphs"]
@@ -93,11 +102,7 @@ def test_a_captured_run_resumes_as_if_uninterrupted(tmp_path):
                     device="cuda")
     assert resumed["complete"]
     assert straight["final"][0]["train_loss"] == pytest.approx(resumed["final"][0]["train_loss"], rel=1e-5)
-    a = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False, map_location="cpu")["models"]
-    b = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False, map_location="cpu")["models"]
-    for x, y in zip(a, b):
-        for key in x:
-            assert torch.allclose(x[key], y[key], rtol=1e-5, atol=1e-7), key
+    assert_same_checkpoints(tmp_path / "a", tmp_path / "b", rtol=1e-5, atol=1e-7)
 
 
 def test_step_time_benchmark_writes_its_rows(tmp_path):
@@ -112,7 +117,7 @@ def test_step_time_benchmark_writes_its_rows(tmp_path):
     result = json.loads(out.read_text())
     assert result["chunk_size"] == 4 and result["backend"] == "torch" and "chunk 4" in result["what"]
     assert not result["failed"] and result["complete"]
-    assert [(r["model"], r["mode"]) for r in result["rows"]] == [("mamba2", "eager")]
+    assert [(r["model"], r["mode"], r["chunk_size"]) for r in result["rows"]] == [("mamba2", "eager", 4)]
     assert result["rows"][0]["ms_per_step"] > 0 and {"commit", "device", "versions"} <= result.keys()
     assert list(tmp_path.iterdir()) == [out]  # the processes' working files stay out of the results folder
     assert step_time.speedups([dict(model="m", mode="eager", ms_per_step=10.0),
@@ -131,11 +136,7 @@ def test_a_run_resumed_in_another_step_mode_trains_on(tmp_path):
     resumed = train(config("gated_deltanet"), MEMBERS, TRAIN, TEST, replace(cfg, graphs=True), out_dir=tmp_path / "b",
                     progress=False, device="cuda")
     assert resumed["complete"] and resumed["step_mode"] == "graphs" and resumed["capture_error"] is None
-    a = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False, map_location="cpu")["models"]
-    b = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False, map_location="cpu")["models"]
-    for x, y in zip(a, b):
-        for key in x:
-            assert torch.allclose(x[key], y[key], rtol=1e-4, atol=1e-6), key
+    assert_same_checkpoints(tmp_path / "a", tmp_path / "b", rtol=1e-4, atol=1e-6)
 
 
 def test_a_compilation_that_fails_leaves_the_run_uncompiled(monkeypatch):

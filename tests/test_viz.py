@@ -69,6 +69,17 @@ def test_explorer_masks_follow_the_controls():
     assert torch.allclose(m_s[7, 3], torch.tensor(np.exp(-1.0), dtype=torch.float64))
 
 
+def test_bucket_labels_only_where_they_fit():
+    """Query 46 on a strip of 64 keys: buckets of 1 and 2 keys go unlabelled, 4 and 8 keys get a short label, the
+    half-strip bucket its full name."""
+    import matplotlib.pyplot as plt
+
+    ax = viz.draw_buckets(46, seq_len=64)
+    labels = sorted(text.get_text() for text in ax.texts)
+    plt.close(ax.figure)
+    assert labels == ["", "", "level 6: 0..31", "ℓ=3", "ℓ=4"]
+
+
 def test_figures_and_animations_render():
     import matplotlib.pyplot as plt
 

@@ -201,15 +201,21 @@
     return Math.max(2, Math.floor(maxPx / n));
   }
 
+  /** Size a canvas and fill it with one colour; returns its 2-d context. */
+  function blankCanvas(canvas, width, height, background) {
+    canvas.width = width;
+    canvas.height = height;
+    const ctx = canvas.getContext("2d");
+    ctx.fillStyle = background;
+    ctx.fillRect(0, 0, width, height);
+    return ctx;
+  }
+
   /** Draw a [T][T] matrix cell by cell. colour(value, t, s) returns a CSS colour or null (blank). */
   function drawMatrix(canvas, values, colour, opts) {
     const n = values.length;
     const cell = cellSize(n, opts.maxPx || 320);
-    canvas.width = n * cell;
-    canvas.height = n * cell;
-    const ctx = canvas.getContext("2d");
-    ctx.fillStyle = "#ffffff";
-    ctx.fillRect(0, 0, canvas.width, canvas.height);
+    const ctx = blankCanvas(canvas, n * cell, n * cell, "#ffffff");
     for (let t = 0; t < n; t++) {
       for (let s = 0; s < n; s++) {
         const c = colour(values[t][s], t, s);
@@ -249,11 +255,7 @@
   /** The keys 0..T-1 of query t as one strip, coloured by their bucket's level. */
   function drawBuckets(canvas, t, T, levelColours, maxPx) {
     const cell = cellSize(T, maxPx || 640);
-    canvas.width = T * cell;
-    canvas.height = 30;
-    const ctx = canvas.getContext("2d");
-    ctx.fillStyle = "#f2f2f2";
-    ctx.fillRect(0, 0, canvas.width, canvas.height);
+    const ctx = blankCanvas(canvas, T * cell, 30, "#f2f2f2");
     buckets(t).forEach(([start, stop], l) => {
       if (stop <= start) return;
       ctx.fillStyle = levelColours[l % levelColours.length];
@@ -382,11 +384,7 @@
       const cell = cellSize(Math.max(L, 1), 200);
       const rowPx = Math.max(4, Math.floor(cell / 3));
       const canvas = counter.canvas;
-      canvas.width = L * cell;
-      canvas.height = T * rowPx;
-      const ctx = canvas.getContext("2d");
-      ctx.fillStyle = "#ffffff";
-      ctx.fillRect(0, 0, canvas.width, canvas.height);
+      const ctx = blankCanvas(canvas, L * cell, T * rowPx, "#ffffff");
       for (let r = 0; r < T; r++) {
         for (let l = 0; l < L; l++) {
           if (!occupancy[r][l]) continue;

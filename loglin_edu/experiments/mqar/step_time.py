@@ -126,7 +126,8 @@ def worker(tier: Tier, model: str, width: int, modes: list[str], device: torch.d
                     raise RuntimeError(failed[mode])
                 step, cost = prepared.pop(mode) if mode in prepared else prepared_step(tier, model, width, mode,
                                                                                        device, train_sets)
-                rows.append(measure(step, mode, model, width, cost, device))
+                rows.append(dict(measure(step, mode, model, width, cost, device), chunk_size=tier.chunk_size,
+                                 backend=tier.backend))
                 del step
             except Exception as error:  # noqa: BLE001
                 rows.append(dict(model=model, width=width, mode=mode, error=f"{type(error).__name__}: {error}"))
