@@ -100,6 +100,18 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def test_the_device_setup_chooses_is_the_one_training_uses():
+    """A world of one keeps the device :func:`setup` chose (a GPU, when asked for), not the CPU default."""
+    from loglin_edu.train import distributed
+
+    try:
+        assert distributed.setup("meta").device == torch.device("meta")
+        assert distributed.current() == distributed.World(0, 1, torch.device("meta"))
+    finally:
+        distributed.teardown()
+    assert distributed.current().device == torch.device("cpu")
+
+
 def _ddp_worker(rank, world_size, port, folder, result_path):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world_size))

@@ -31,8 +31,12 @@ class World:
         return self.size > 1
 
 
+_CHOSEN: list[World] = []  # the world :func:`setup` chose for this process
+
+
 def setup(device: str | None = None) -> World:
-    """Join the process group ``torchrun`` describes in the environment (if any) and pick this rank's device.
+    """Join the process group ``torchrun`` describes in the environment (if any) and pick this rank's device;
+    :func:`current` returns the same world from then on.
 
     device: ``"cuda"``, ``"cpu"`` or None (CUDA when available). Under torchrun on CUDA, rank ``r`` of a node
     takes ``cuda:LOCAL_RANK``.
@@ -40,7 +44,7 @@ def setup(device: str | None = None) -> World:
     size = int(os.environ.get("WORLD_SIZE", "1"))
     kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if size == 1 and not dist.is_initialized():
-        return World(0, 1, torch.device(kind))
+        return choose(World(0, 1, torch.device(kind)))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if kind.startswith("cuda"):
         torch.cuda.set_device(local_rank)
@@ -49,11 +53,20 @@ def setup(device: str | None = None) -> World:
         dev = torch.device("cpu")
     if not dist.is_initialized():
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
-    return World(dist.get_rank(), dist.get_world_size(), dev)
+    return choose(World(dist.get_rank(), dist.get_world_size(), dev))
+
+
+def choose(world: World) -> World:
+    """Record ``world`` as this process's (what :func:`current` returns) and return it."""
+    _CHOSEN[:] = [world]
+    return world
 
 
 def current() -> World:
-    """The world of an already set-up process (a world of one when no process group exists)."""
+    """The world :func:`setup` chose; without it, the process group's (a world of one on the CPU when no group
+    exists)."""
+    if _CHOSEN and _CHOSEN[0].parallel == (dist.is_initialized() and dist.get_world_size() > 1):
+        return _CHOSEN[0]
     if not dist.is_initialized():
         return World()
     dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
@@ -82,5 +95,7 @@ def barrier() -> None:
 
 
 def teardown() -> None:
+    """Leave the process group (if any) and forget the chosen world."""
+    _CHOSEN.clear()
     if dist.is_initialized():
         dist.destroy_process_group()
