@@ -39,7 +39,8 @@ def assert_same_training(eager, other, rtol, weights_rtol=None):
     for a, b in zip(weights_a, weights_b):
         for key in a:
             scale = a[key].abs().max().clamp(min=1e-6)
-            assert ((a[key] - b[key]).abs().max() / scale).item() < (weights_rtol or rtol), key
+            relative = ((a[key] - b[key]).abs().max() / scale).item()
+            assert relative < (weights_rtol or rtol), f"{key}: largest difference {relative:.2e} of the largest entry"
 
 
 def assert_same_checkpoints(a_dir, b_dir, rtol, atol):
