@@ -25,7 +25,7 @@ Two schedules of the levels (``schedule=``):
 - ``"unrolled"``: ``L`` a compile-time constant (one compilation per level count). The program issues the
   loads of all ``L`` levels (and their ``λ``) before it uses the first, then carries, decays, writes and
   reads from registers: one round trip for the levels. It holds ``L`` tiles of ``K × BV`` at once, so it
-  takes more warps (:func:`unrolled_num_warps`). Its output sums the ``λ``-weighted tiles first and reduces
+  takes more warps (:func:`default_num_warps`). Its output sums the ``λ``-weighted tiles first and reduces
   over ``K`` once.
 
 Two layouts (``decay_scales=``): the eager one above, and the lazy one of
@@ -263,12 +263,14 @@ SCHEDULES = ("loop", "unrolled")
 """How a program visits the levels (module docstring): a runtime loop, or unrolled with every load first."""
 
 
-def unrolled_num_warps(levels: int, block_k: int, block_v: int) -> int:
-    """Warps of one program of the ``"unrolled"`` schedule: its ``levels`` tiles of ``block_k × block_v`` fp32
-    values are all in registers at once, so at most about 96 of them per thread (4 to 32 warps, a power of
-    two)."""
-    per_thread = 96 * 32
-    return min(32, max(4, 1 << (triton.cdiv(levels * block_k * block_v, per_thread) - 1).bit_length()))
+def default_num_warps(schedule: str, levels: int, block_k: int, block_v: int) -> int:
+    """Warps of one program: 4 for the ``"loop"`` schedule. The ``"unrolled"`` one holds its ``levels`` tiles of
+    ``block_k × block_v`` fp32 values in registers at once: 4 warps while that is at most 96 values per
+    thread, else 8, the warps at which a program gets the most registers (255 per thread; at 16 warps only
+    128). Wider tiles spill to local memory."""
+    if schedule == "loop" or levels * block_k * block_v <= 96 * 32 * 4:
+        return 4
+    return 8
 
 
 def step_bytes(position: int, key_dim: int, value_dim: int, lazy: bool = False) -> int:
@@ -305,8 +307,8 @@ def decode_step_(
     level_scales: ``[B, H, >= L]``; log_decay: ``[B, H]`` or None. Returns o ``[B, H, V]`` in v's dtype.
     decay_scales: None for the eager layout, or the lazy layout's ``[B, H, L, V]`` fp32 scales, V contiguous
     (updated in place). schedule: ``"loop"`` or ``"unrolled"`` (module docstring). block_v: the V-tile of one
-    program (more programs for a small batch); K must be at most 128. num_warps: 4 for the loop,
-    :func:`unrolled_num_warps` for the unrolled schedule, unless given.
+    program (more programs for a small batch); K must be at most 128. num_warps: by default
+    :func:`default_num_warps`.
     """
     B, H, L, K, V = levels.shape
     if schedule not in SCHEDULES:
@@ -333,7 +335,7 @@ def decode_step_(
     v, level_scales = last_dim_contiguous(v), last_dim_contiguous(level_scales)
     BK, BV = block(K), block_v or min(block(V), 64)
     if num_warps is None:
-        num_warps = 4 if schedule == "loop" else unrolled_num_warps(L, BK, BV)
+        num_warps = default_num_warps(schedule, L, BK, BV)
     o = torch.empty(B, H, V, device=v.device, dtype=v.dtype)
     g = log_decay if log_decay is not None else v  # a placeholder pointer when there is no decay
     sqh = 0 if q.shape[1] == 1 else q.stride(1)

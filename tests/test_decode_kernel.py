@@ -236,6 +236,56 @@ def test_kernel_step_with_bf16_inputs_against_float64():
     assert_close(got.double(), expected, rtol=1e-2, what="bf16 decode step")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", VARIANTS)
+def test_variant_with_bf16_inputs_against_float64(name):
+    """As :func:`test_kernel_step_with_bf16_inputs_against_float64`, for each variant (compiled at K = 128,
+    V = 64, L = 10)."""
+    schedule, lazy = VARIANTS[name]
+    gen = torch.Generator().manual_seed(6)
+    B, H, K, V = 4, 8, 128, 64
+    exact = FenwickCache.empty(B, H, K, V, max_len=512, dtype=torch.float64, device=DEVICE)
+    fast = FenwickCache.empty(B, H, K, V, max_len=512, device=DEVICE, lazy=lazy)
+    for _ in range(300):
+        q, k, v, lam, g = random_step(gen, B, H, 1, K, V, exact.num_levels, dtype=torch.bfloat16)
+        expected = exact.step(q.double().expand(B, H, K), k.double().expand(B, H, K), v.double(), lam.double(),
+                              g.double())
+        got = decode.decode_step_(fast.levels, fast.position, q, k, v, lam, g, decay_scales=fast.decay_scales,
+                                  schedule=schedule)
+    assert_close(got.double(), expected, rtol=1e-2, what=f"{name}: bf16 decode step")
+    assert_close(fast.level_values().double(), exact.levels, rtol=1e-2, what=f"{name}: levels after 300 tokens")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_v", [8, 16, 32, 64])
+@pytest.mark.parametrize("name", VARIANTS)
+def test_variant_at_a_million_tokens_equals_the_loop_kernel(name, block_v):
+    """The benchmark's fullest state, position 2^20 - 1 (L = 21, 20 live levels) at K = 128, V = 64, every V-tile
+    it times (the unrolled schedule's registers spill at the wide ones): two steps against the loop kernel."""
+    schedule, lazy = VARIANTS[name]
+    gen = torch.Generator().manual_seed(7)
+    B, H, K, V, T = 2, 4, 128, 64, 2**20
+    baseline = FenwickCache.empty(B, H, K, V, max_len=T, device=DEVICE)
+    fast = FenwickCache.empty(B, H, K, V, max_len=T, device=DEVICE, lazy=lazy)
+    for cache in (baseline, fast):
+        cache.position.fill_(T - 2)
+    live = baseline.live()[0]
+    stored = 0.01 * torch.randn(B, H, int(live.sum()), K, V, generator=gen).to(DEVICE)
+    scales = (0.5 + 0.5 * torch.rand(B, H, int(live.sum()), 1, 1, generator=gen)).to(DEVICE)
+    fast.levels[:, :, live] = stored if lazy else scales * stored
+    baseline.levels[:, :, live] = scales * stored
+    if lazy:
+        fast.decay_scales[:, :, live] = scales[..., 0].expand(-1, -1, -1, V)
+    for i in range(2):  # tokens T - 2 (a carry into level 2) and T - 1
+        q, k, v, lam, g = random_step(gen, B, H, 1, K, V, baseline.num_levels)
+        wanted = decode.decode_step_(baseline.levels, baseline.position, q, k, v, lam, g, block_v=block_v)
+        got = decode.decode_step_(fast.levels, fast.position, q, k, v, lam, g, decay_scales=fast.decay_scales,
+                                  schedule=schedule, block_v=block_v)
+        assert_close(got.double(), wanted.double(), rtol=1e-5, what=f"{name}, BV={block_v}, step {i}: o")
+        assert_close(fast.level_values().double(), baseline.levels.double(), rtol=1e-5,
+                     what=f"{name}, BV={block_v}, step {i}: levels")
+
+
 def test_layer_decodes_with_the_kernel():
     """LogLinearMamba2(backend="triton"): prefill by the Triton form, steps by the decode kernel, in fp32,
     equal to the layer's float64 forward."""
