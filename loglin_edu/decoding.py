@@ -21,21 +21,18 @@ shape is fixed and nothing branches on the position's value: one step compiles t
 even sit at different positions.
 
 The lazy layout defers the decay. Every level decays by the same ``exp(g)`` each token, so a level need
-not be rewritten to decay: it can keep a scale. With ``decay_scales: [B, H, L, V]`` a level's value is
+not be rewritten to decay: it can keep a scale ``c^(l)`` and hold ``S^(l) = c^(l) stored^(l)``. A step then
+changes every scale but the stored tiles of two levels only:
 
-    S^(l) = c^(l) ⊙ stored^(l)        (c^(l) one scale per value column, the same for all its columns)
-
-and a step changes the scales of every level but the stored tiles of two only:
-
-    carry:  stored^(j+1) <- Σ_{m <= j} c^(m) ⊙ stored^(m),  c^(j+1) <- 1;   c^(l) <- 0 for l <= j
+    carry:  stored^(j+1) <- Σ_{m <= j} c^(m) stored^(m),  c^(j+1) <- 1;   c^(l) <- 0 for l <= j
     decay:  c^(l) <- exp(g) c^(l) for every level     (so the carry's target keeps scale exp(g))
-    write:  stored^(0) <- β k vᵀ,  c^(0) <- 1;        read:  o = Σ_l λ_l (c^(l) ⊙ stored^(l))ᵀ q
+    write:  stored^(0) <- β k vᵀ,  c^(0) <- 1;         read:  o = Σ_l λ_l c^(l) stored^(l)ᵀ q
 
-An empty level has scale 0 and whatever content it held before (never read). The delta rule's
-``(I - β k kᵀ)`` is linear, so it commutes with the scales and still acts on every stored tile. A scale is
-kept per value column, not per level, so that programs that split the value columns (the Triton step)
-each own the scales of their columns: a step updates them in place, and one shared scale would be read
-by one program after another had already updated it.
+An empty level has scale 0 and whatever tile it held before (never read). The delta rule's
+``(I - β k kᵀ)`` is linear, so it commutes with the scales and still acts on every stored tile. The scales
+are held as ``decay_scales: [B, H, L, V]``, each level's scale repeated in every value column: programs
+that split the value columns (the Triton step) then each own the copies of their columns and update them
+in place, where one shared copy would be read by one program after another had already updated it.
 """
 
 from __future__ import annotations
