@@ -14,14 +14,14 @@ One program owns one ``(batch, head, V-block)`` and visits the ``L`` levels once
 once. A level empty before the step is not read (its load is masked off: it holds zeros), and one empty
 before and after is not written. With ``p = popcount(t - 1)`` a step ``t >= 1`` reads the ``p + 1`` live
 levels and writes ``p + 2`` (those live before or after): ``(2p + 3) · K · V · 4`` bytes per head, the
-floor for a state that decays every token. The step is memory-bound: ``2 · L · K · V`` flops per head
+floor for levels rewritten to decay every token. The step is memory-bound: ``2 · L · K · V`` flops per head
 against those bytes.
 
 Two schedules of the levels (``schedule=``):
 
-- ``"loop"``: a runtime loop over the levels (``L`` a runtime argument, one compilation for every depth).
-  Each level's load is issued after the previous level's store, so a step waits for ``L`` memory round
-  trips one after another — what bounds it at small batches.
+- ``"loop"``: a runtime loop over the levels (``L`` a runtime argument, one compilation serves every
+  depth). Each level's load is issued after the previous level's store, so a step waits for about ``L``
+  memory round trips one after another.
 - ``"unrolled"``: ``L`` a compile-time constant (one compilation per level count). The program issues the
   loads of all ``L`` levels (and their ``λ``) before it uses the first, then carries, decays, writes and
   reads from registers: one round trip for the levels. It holds ``L`` tiles of ``K × BV`` at once, so it
