@@ -40,8 +40,8 @@ import triton
 import triton.language as tl
 
 from ..fenwick import num_chunk_levels
-from .config import (DeltaLaunchConfig, accumulator_dtype, chunk_backward_precision, dot_precision, key_tiles,
-                     level_block)
+from .config import (DeltaLaunchConfig, accumulator_dtype, chunk_precision, dot_precision, key_tiles, level_block,
+                     solve_precision)
 from .inputs import reverse_cumsum
 from .step6_delta_chunks import DeltaChunks, key_tile_products, load_rows, store_rows, value_tiles
 from .step7_delta_levels import first_slots, load_transition, walk_table
@@ -425,8 +425,8 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
         q.stride(0), q.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2), *lam_strides, *do_strides,
         dv.stride(0), dv.stride(1), dv.stride(2), *dlam_strides,
         C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BV=BV, NV=NV, BL=level_block(T, chunk_size),
-        IP=chunk_backward_precision(q.dtype, config.precision),
-        IPS=chunk_backward_precision(q.dtype, "exact"), num_warps=config.num_warps, num_stages=config.num_stages,
+        IP=chunk_precision(q.dtype, config.precision),
+        IPS=solve_precision(q.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if Hk == 1:
         dq, dk = dq.sum(2, keepdim=True), dk.sum(2, keepdim=True)
