@@ -9,12 +9,32 @@ with ``position: [B]`` the tokens each sequence has consumed. For the token at p
              S^(l)             otherwise
     S^(l) <- exp(g) S^(l);      S^(0) <- k vᵀ;      o = Σ_l λ_l S^(l)ᵀ q
 
-One program owns one ``(batch, head, V-block)`` and walks the ``L`` levels once, keeping the running sum
+One program owns one ``(batch, head, V-block)`` and visits the ``L`` levels once, keeping the running sum
 ``Σ_{m <= l} S^(m)`` of the carry in registers: every level is read at most once and written at most
 once. A level empty before the step is not read (its load is masked off: it holds zeros), and one empty
-before and after is not written, so a step moves ``(popcount(t - 1) + 1)`` states in and about as many
-out — ``2 · (popcount + 1) · K · V · 4`` bytes per head, the floor for a state that decays every token.
-The step is memory-bound: ``2 · L · K · V`` flops per head against those bytes.
+before and after is not written. With ``p = popcount(t - 1)`` a step ``t >= 1`` reads the ``p + 1`` live
+levels and writes ``p + 2`` (those live before or after): ``(2p + 3) · K · V · 4`` bytes per head, the
+floor for levels rewritten to decay every token. The step is memory-bound: ``2 · L · K · V`` flops per head
+against those bytes.
+
+Two schedules of the levels (``schedule=``):
+
+- ``"loop"``: a runtime loop over the levels (``L`` a runtime argument, one compilation serves every
+  depth). Each level's load is issued after the previous level's store, so a step waits for about ``L``
+  memory round trips one after another.
+- ``"unrolled"``: ``L`` a compile-time constant (one compilation per level count). The program issues the
+  loads of all ``L`` levels (and their ``λ``) before it uses the first, then carries, decays, writes and
+  reads from registers: one round trip for the levels. It holds ``L`` tiles of ``K × BV`` at once, so it
+  takes more warps (:func:`default_num_warps`). Its output sums the ``λ``-weighted tiles first and reduces
+  over ``K`` once.
+
+Two layouts (``decay_scales=``): the eager one above, and the lazy one of
+:class:`~loglin_edu.decoding.FenwickCache` (a level's value ``c^(l) stored^(l)``, its scale repeated in
+every value column of ``decay_scales: [B, H, L, V]``): the step multiplies every scale by ``exp(g)``, reads
+the live levels, and writes only the tiles that change — level 0 (``k vᵀ``, scale 1) and the carry's target
+(``Σ_{m <= j} c^(m) stored^(m)``, scale ``exp(g)``); the levels it empties get scale 0 and keep their
+tiles. That is ``(p + 3) · K · V · 4`` bytes per head, and at most ``(2p + 3) · V · 4`` for the scales
+(:func:`step_bytes`).
 
 :func:`mamba2_decode_step_` is the same step for Mamba-2's single state (``S <- exp(g) S + k vᵀ``,
 ``o = Sᵀ q``): one state in, one out — the baseline a log-linear step is measured against.
@@ -41,24 +61,73 @@ def load_token(q_ptr, k_ptr, v_ptr, i_b, i_h, sqb, sqh, svb, svh, rk, rv, K, V):
 
 
 @triton.jit
+def token_decay(g_ptr, i_b, i_h, sgb, sgh, HAS_DECAY: tl.constexpr):
+    """``exp(g)`` of batch ``i_b`` and head ``i_h`` in fp32 (1 without decay)."""
+    decay = 1.0
+    if HAS_DECAY:
+        decay = tl.exp(tl.load(g_ptr + i_b.to(tl.int64) * sgb + i_h * sgh).to(tl.float32))
+    return decay
+
+
+@triton.jit
+def level_flags(t, lvl):
+    """The carry at level ``lvl`` for the token at position ``t`` (int64 scalars, ``lvl`` a tensor so that its
+    comparisons stay booleans in the interpreter too): ``(live_before, live_after, into, cleared)`` — the level
+    holds keys before the step, holds keys after it, receives the carry (``l = j + 1``), is emptied by it
+    (``l <= j``)."""
+    low = t & (-t)  # 2^j, 0 at t = 0
+    below = tl.maximum(lvl - 1, 0)
+    live_before = (t >= 1) & ((lvl == 0) | ((((t - 1) >> below) & 1) == 1))
+    live_after = (lvl == 0) | (((t >> below) & 1) == 1)
+    into = (lvl >= 1) & ((low >> below) == 1)
+    cleared = (low >> lvl) > 0
+    return live_before, live_after, into, cleared
+
+
+@triton.jit
+def tile_mask(rk, rv, rows_on, K, V):
+    """A level tile's mask ``[BK, BV]``: the rows below ``K`` when ``rows_on`` (a scalar), none otherwise (a
+    compare of full shape), and the columns below ``V``."""
+    return (rk[:, None] < tl.where(rows_on, K, 0)) & (rv[None, :] < V)
+
+
+@triton.jit
+def eager_level(state, carried, written, lvl, into, cleared, decay):
+    """A level's tile after the step (eager layout) from its tile before (zeros when empty), and the running
+    carry sum ``Σ_{m <= l} S^(m)`` of the tiles before."""
+    carried += state
+    state = tl.where(into, carried, tl.where(cleared, 0.0, state)) * decay
+    return tl.where(lvl == 0, written, state), carried
+
+
+@triton.jit
+def lazy_level(state, scale, carried, written, lvl, into, cleared, decay):
+    """A level's stored tile and scale (a scalar) after the step (lazy layout) from those before (zeros when
+    empty), and the running carry sum ``Σ_{m <= l} c^(m) stored^(m)``: the carry's target stores the sum with
+    scale ``exp(g)``, an emptied level keeps its tile with scale 0, level 0 stores ``k vᵀ`` with scale 1."""
+    carried += scale * state
+    state = tl.where(into, carried, state)
+    scale = tl.where(into, 1.0, tl.where(cleared, 0.0, scale)) * decay
+    is_level0 = lvl == 0
+    return tl.where(is_level0, written, state), tl.where(is_level0, 1.0, scale), carried
+
+
+@triton.jit
 def fenwick_decode_kernel(
     levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, o_ptr,
     H, K, V, L,
     s_lb, s_lh, s_ll, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, sob, soh,
     HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    """Grid ``(V / BV, H, B)``. levels: [B, H, L, K, V] (V contiguous); q, k: [B, H or 1, K] (head stride 0
-    when shared); v, o: [B, H, V]; lam: [B, H, >= L]; g: [B, H]; position: [B] int64."""
+    """The ``"loop"`` schedule, eager layout. Grid ``(V / BV, H, B)``. levels: [B, H, L, K, V] (V contiguous);
+    q, k: [B, H or 1, K] (head stride 0 when shared); v, o: [B, H, V]; lam: [B, H, >= L]; g: [B, H]; position:
+    [B] int64."""
     i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rk = tl.arange(0, BK)
     rv = i_v * BV + tl.arange(0, BV)
     t = tl.load(position_ptr + i_b).to(tl.int64)
-    low = t & (-t)  # 2^j, 0 at t = 0
-    last = t - 1
     q, k, v = load_token(q_ptr, k_ptr, v_ptr, i_b, i_h, sqb, sqh, svb, svh, rk, rv, K, V)
-    decay = 1.0
-    if HAS_DECAY:
-        decay = tl.exp(tl.load(g_ptr + i_b.to(tl.int64) * sgb + i_h * sgh).to(tl.float32))
+    decay = token_decay(g_ptr, i_b, i_h, sgb, sgh, HAS_DECAY)
     written = k[:, None] * v[None, :]
     base = levels_ptr + i_b.to(tl.int64) * s_lb + i_h.to(tl.int64) * s_lh
     tile = rk[:, None].to(tl.int64) * s_lk + rv[None, :]
@@ -66,22 +135,154 @@ def fenwick_decode_kernel(
     carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m <= l} S^(m) before the step
     out = tl.zeros((BV,), dtype=tl.float32)
     for i_l in range(L):
-        lvl = tl.full((), 0, tl.int64) + i_l  # a tensor in the interpreter too: its comparisons stay booleans
-        below = tl.maximum(lvl - 1, 0)
-        live_before = (t >= 1) & ((lvl == 0) | (((last >> below) & 1) == 1))
-        live_after = (lvl == 0) | (((t >> below) & 1) == 1)
-        into = (lvl >= 1) & ((low >> below) == 1)
-        cleared = (low >> lvl) > 0
+        lvl = tl.full((), 0, tl.int64) + i_l
+        live_before, live_after, into, cleared = level_flags(t, lvl)
         ptrs = base + i_l * s_ll + tile
-        rows_read = tl.where(live_before, K, 0)  # a level's rows, or none: masks built from full-shape compares
-        rows_written = tl.where(live_before | live_after, K, 0)
-        state = tl.load(ptrs, mask=(rk[:, None] < rows_read) & (rv[None, :] < V), other=0.0)
-        carried += state
-        state = tl.where(into, carried, tl.where(cleared, 0.0, state)) * decay
-        state = tl.where(lvl == 0, written, state)
-        tl.store(ptrs, state, mask=(rk[:, None] < rows_written) & (rv[None, :] < V))
+        state = tl.load(ptrs, mask=tile_mask(rk, rv, live_before, K, V), other=0.0)
+        state, carried = eager_level(state, carried, written, lvl, into, cleared, decay)
+        tl.store(ptrs, state, mask=tile_mask(rk, rv, live_before | live_after, K, V))
         out += tl.load(lam_row + i_l).to(tl.float32) * tl.sum(q[:, None] * state, 0)
     tl.store(o_ptr + i_b.to(tl.int64) * sob + i_h * soh + rv, out.to(o_ptr.dtype.element_ty), mask=rv < V)
+
+
+@triton.jit
+def fenwick_decode_unrolled_kernel(
+    levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, o_ptr,
+    H, K, V, L: tl.constexpr,
+    s_lb, s_lh, s_ll, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, sob, soh,
+    HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    """The ``"unrolled"`` schedule, eager layout: arguments as :func:`fenwick_decode_kernel`, ``L`` a constant."""
+    i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rk = tl.arange(0, BK)
+    rv = i_v * BV + tl.arange(0, BV)
+    t = tl.load(position_ptr + i_b).to(tl.int64)
+    q, k, v = load_token(q_ptr, k_ptr, v_ptr, i_b, i_h, sqb, sqh, svb, svh, rk, rv, K, V)
+    decay = token_decay(g_ptr, i_b, i_h, sgb, sgh, HAS_DECAY)
+    base = levels_ptr + i_b.to(tl.int64) * s_lb + i_h.to(tl.int64) * s_lh
+    tile = rk[:, None].to(tl.int64) * s_lk + rv[None, :]
+    lam_row = lam_ptr + i_b.to(tl.int64) * s_lam_b + i_h * s_lam_h
+    states, lams = (), ()
+    for i_l in tl.static_range(L):  # every load issued before any is used: no store stands between them
+        live_before, _, _, _ = level_flags(t, tl.full((), i_l, tl.int64))
+        states += (tl.load(base + i_l * s_ll + tile, mask=tile_mask(rk, rv, live_before, K, V), other=0.0),)
+        lams += (tl.load(lam_row + i_l).to(tl.float32),)
+    written = k[:, None] * v[None, :]
+    carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m <= l} S^(m) before the step
+    weighted = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_l λ_l S^(l) after the step
+    for i_l in tl.static_range(L):
+        lvl = tl.full((), i_l, tl.int64)
+        live_before, live_after, into, cleared = level_flags(t, lvl)
+        state, carried = eager_level(states[i_l], carried, written, lvl, into, cleared, decay)
+        tl.store(base + i_l * s_ll + tile, state, mask=tile_mask(rk, rv, live_before | live_after, K, V))
+        weighted += lams[i_l] * state
+    out = tl.sum(q[:, None] * weighted, 0)
+    tl.store(o_ptr + i_b.to(tl.int64) * sob + i_h * soh + rv, out.to(o_ptr.dtype.element_ty), mask=rv < V)
+
+
+@triton.jit
+def lazy_decode_kernel(
+    levels_ptr, scales_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, o_ptr,
+    H, K, V, L,
+    s_lb, s_lh, s_ll, s_lk, s_cb, s_ch, s_cl, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, sob, soh,
+    HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    """The ``"loop"`` schedule, lazy layout: arguments as :func:`fenwick_decode_kernel` and scales: [B, H, L, V]
+    fp32 (V contiguous), updated in place. A level's scale is the same in every column: a program reads it from
+    its first column and writes it to all of its columns, which no other program reads or writes."""
+    i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rk = tl.arange(0, BK)
+    rv = i_v * BV + tl.arange(0, BV)
+    t = tl.load(position_ptr + i_b).to(tl.int64)
+    q, k, v = load_token(q_ptr, k_ptr, v_ptr, i_b, i_h, sqb, sqh, svb, svh, rk, rv, K, V)
+    decay = token_decay(g_ptr, i_b, i_h, sgb, sgh, HAS_DECAY)
+    written = k[:, None] * v[None, :]
+    base = levels_ptr + i_b.to(tl.int64) * s_lb + i_h.to(tl.int64) * s_lh
+    tile = rk[:, None].to(tl.int64) * s_lk + rv[None, :]
+    scale_row = scales_ptr + i_b.to(tl.int64) * s_cb + i_h.to(tl.int64) * s_ch + i_v * BV  # the first column
+    columns = tl.arange(0, BV)
+    lam_row = lam_ptr + i_b.to(tl.int64) * s_lam_b + i_h * s_lam_h
+    carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m <= l} c^(m) stored^(m) before the step
+    weighted = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_l λ_l c^(l) stored^(l) after the step
+    for i_l in range(L):
+        lvl = tl.full((), 0, tl.int64) + i_l
+        live_before, live_after, into, cleared = level_flags(t, lvl)
+        ptrs = base + i_l * s_ll + tile
+        state = tl.load(ptrs, mask=tile_mask(rk, rv, live_before, K, V), other=0.0)
+        scale = tl.load(scale_row + i_l * s_cl, mask=live_before, other=0.0)
+        state, scale, carried = lazy_level(state, scale, carried, written, lvl, into, cleared, decay)
+        tl.store(ptrs, state, mask=tile_mask(rk, rv, into | (lvl == 0), K, V))
+        tl.store(scale_row + i_l * s_cl + columns, scale + tl.zeros((BV,), tl.float32),
+                 mask=rv < tl.where(live_before | live_after, V, 0))
+        weighted += tl.load(lam_row + i_l).to(tl.float32) * scale * state
+    out = tl.sum(q[:, None] * weighted, 0)
+    tl.store(o_ptr + i_b.to(tl.int64) * sob + i_h * soh + rv, out.to(o_ptr.dtype.element_ty), mask=rv < V)
+
+
+@triton.jit
+def lazy_decode_unrolled_kernel(
+    levels_ptr, scales_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, o_ptr,
+    H, K, V, L: tl.constexpr,
+    s_lb, s_lh, s_ll, s_lk, s_cb, s_ch, s_cl, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, sob, soh,
+    HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    """The ``"unrolled"`` schedule, lazy layout: arguments as :func:`lazy_decode_kernel`, ``L`` a constant."""
+    i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rk = tl.arange(0, BK)
+    rv = i_v * BV + tl.arange(0, BV)
+    t = tl.load(position_ptr + i_b).to(tl.int64)
+    q, k, v = load_token(q_ptr, k_ptr, v_ptr, i_b, i_h, sqb, sqh, svb, svh, rk, rv, K, V)
+    decay = token_decay(g_ptr, i_b, i_h, sgb, sgh, HAS_DECAY)
+    base = levels_ptr + i_b.to(tl.int64) * s_lb + i_h.to(tl.int64) * s_lh
+    tile = rk[:, None].to(tl.int64) * s_lk + rv[None, :]
+    scale_row = scales_ptr + i_b.to(tl.int64) * s_cb + i_h.to(tl.int64) * s_ch + i_v * BV  # the first column
+    columns = tl.arange(0, BV)
+    lam_row = lam_ptr + i_b.to(tl.int64) * s_lam_b + i_h * s_lam_h
+    states, scales, lams = (), (), ()
+    for i_l in tl.static_range(L):  # every load issued before any is used: no store stands between them
+        live_before, _, _, _ = level_flags(t, tl.full((), i_l, tl.int64))
+        states += (tl.load(base + i_l * s_ll + tile, mask=tile_mask(rk, rv, live_before, K, V), other=0.0),)
+        scales += (tl.load(scale_row + i_l * s_cl, mask=live_before, other=0.0),)
+        lams += (tl.load(lam_row + i_l).to(tl.float32),)
+    written = k[:, None] * v[None, :]
+    carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m <= l} c^(m) stored^(m) before the step
+    weighted = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_l λ_l c^(l) stored^(l) after the step
+    for i_l in tl.static_range(L):
+        lvl = tl.full((), i_l, tl.int64)
+        live_before, live_after, into, cleared = level_flags(t, lvl)
+        state, scale, carried = lazy_level(states[i_l], scales[i_l], carried, written, lvl, into, cleared, decay)
+        tl.store(base + i_l * s_ll + tile, state, mask=tile_mask(rk, rv, into | (lvl == 0), K, V))
+        tl.store(scale_row + i_l * s_cl + columns, scale + tl.zeros((BV,), tl.float32),
+                 mask=rv < tl.where(live_before | live_after, V, 0))
+        weighted += lams[i_l] * scale * state
+    out = tl.sum(q[:, None] * weighted, 0)
+    tl.store(o_ptr + i_b.to(tl.int64) * sob + i_h * soh + rv, out.to(o_ptr.dtype.element_ty), mask=rv < V)
+
+
+SCHEDULES = ("loop", "unrolled")
+"""How a program visits the levels (module docstring): a runtime loop, or unrolled with every load first."""
+
+
+def default_num_warps(schedule: str, levels: int, block_k: int, block_v: int) -> int:
+    """Warps of one program: 4 for the ``"loop"`` schedule. The ``"unrolled"`` one holds its ``levels`` tiles of
+    ``block_k × block_v`` fp32 values in registers at once: 4 warps while that is at most 96 values per
+    thread, else 8, the warps at which a program gets the most registers (255 per thread; at 16 warps only
+    128). Wider tiles spill to local memory."""
+    if schedule == "loop" or levels * block_k * block_v <= 96 * 32 * 4:
+        return 4
+    return 8
+
+
+def step_bytes(position: int, key_dim: int, value_dim: int, lazy: bool = False) -> int:
+    """Bytes of levels (and scales) one head's step moves at ``position`` (module docstring): with
+    ``p = popcount(position - 1)``, ``(2p + 3) · K · V · 4`` eager and ``(p + 3) · K · V · 4 + (2p + 3) · V · 4``
+    lazy; at position 0 one level (and one scale row) written."""
+    if position == 0:
+        return (key_dim + lazy) * value_dim * 4
+    p = bin(position - 1).count("1")
+    if lazy:
+        return ((p + 3) * key_dim + 2 * p + 3) * value_dim * 4
+    return (2 * p + 3) * key_dim * value_dim * 4
 
 
 def decode_step_(
@@ -93,8 +294,10 @@ def decode_step_(
     level_scales: torch.Tensor,
     log_decay: torch.Tensor | None = None,
     *,
+    decay_scales: torch.Tensor | None = None,
+    schedule: str = "loop",
     block_v: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     advance: bool = True,
 ) -> torch.Tensor:
     """One step of log-linear Mamba-2 for every sequence, in place (module docstring).
@@ -102,9 +305,14 @@ def decode_step_(
     levels: ``[B, H, L, K, V]`` fp32, V contiguous (updated in place); position: ``[B]`` int64 (advanced by
     one in place unless ``advance=False``, which a benchmark uses to repeat one position); q, k: ``[B, H or 1, K]`` (one head shared by all, as Mamba-2's B and C); v: ``[B, H, V]``;
     level_scales: ``[B, H, >= L]``; log_decay: ``[B, H]`` or None. Returns o ``[B, H, V]`` in v's dtype.
-    block_v: the V-tile of one program (more programs for a small batch); K must be at most 128.
+    decay_scales: None for the eager layout, or the lazy layout's ``[B, H, L, V]`` fp32 scales, V contiguous
+    (updated in place). schedule: ``"loop"`` or ``"unrolled"`` (module docstring). block_v: the V-tile of one
+    program (more programs for a small batch); K must be at most 128. num_warps: by default
+    :func:`default_num_warps`.
     """
     B, H, L, K, V = levels.shape
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if levels.dtype != torch.float32 or levels.stride(-1) != 1:
         raise ValueError(f"levels must be float32 with V contiguous, got {levels.dtype} strides {levels.stride()}")
     if K > MAX_BLOCK:
@@ -116,20 +324,33 @@ def decode_step_(
             f"v must be [B={B}, H={H}, V={V}] and level_scales [B, H, >= {L}], got {tuple(v.shape)}, "
             f"{tuple(level_scales.shape)}"
         )
+    if decay_scales is not None and (
+        tuple(decay_scales.shape) != (B, H, L, V) or decay_scales.dtype != torch.float32 or decay_scales.stride(-1) != 1
+    ):
+        raise ValueError(
+            f"decay_scales must be float32 [B={B}, H={H}, L={L}, V={V}] with V contiguous, got {decay_scales.dtype} "
+            f"{tuple(decay_scales.shape)} strides {decay_scales.stride()}"
+        )
     q, k = same_strides(q, k)  # one set of strides serves both
     v, level_scales = last_dim_contiguous(v), last_dim_contiguous(level_scales)
-    BV = block_v or min(block(V), 64)
+    BK, BV = block(K), block_v or min(block(V), 64)
+    if num_warps is None:
+        num_warps = default_num_warps(schedule, L, BK, BV)
     o = torch.empty(B, H, V, device=v.device, dtype=v.dtype)
     g = log_decay if log_decay is not None else v  # a placeholder pointer when there is no decay
     sqh = 0 if q.shape[1] == 1 else q.stride(1)
-    fenwick_decode_kernel[(triton.cdiv(V, BV), H, B)](
-        levels, position, q, k, v, level_scales, g, o,
-        H, K, V, L,
-        levels.stride(0), levels.stride(1), levels.stride(2), levels.stride(3), q.stride(0), sqh,
-        v.stride(0), v.stride(1), level_scales.stride(0), level_scales.stride(1), g.stride(0), g.stride(1),
-        o.stride(0), o.stride(1),
-        HAS_DECAY=log_decay is not None, BK=block(K), BV=BV, num_warps=num_warps,
-    )
+    grid = (triton.cdiv(V, BV), H, B)
+    token_strides = (q.stride(0), sqh, v.stride(0), v.stride(1), level_scales.stride(0), level_scales.stride(1),
+                     g.stride(0), g.stride(1), o.stride(0), o.stride(1))
+    level_strides = (levels.stride(0), levels.stride(1), levels.stride(2), levels.stride(3))
+    meta = dict(HAS_DECAY=log_decay is not None, BK=BK, BV=BV, num_warps=num_warps)
+    if decay_scales is None:
+        kernel = fenwick_decode_kernel if schedule == "loop" else fenwick_decode_unrolled_kernel
+        kernel[grid](levels, position, q, k, v, level_scales, g, o, H, K, V, L, *level_strides, *token_strides, **meta)
+    else:
+        kernel = lazy_decode_kernel if schedule == "loop" else lazy_decode_unrolled_kernel
+        kernel[grid](levels, decay_scales, position, q, k, v, level_scales, g, o, H, K, V, L, *level_strides,
+                     *decay_scales.stride()[:3], *token_strides, **meta)
     if advance:
         position.add_(1)
     return o

@@ -19,6 +19,20 @@ transition to every level, writes ``β k vᵀ`` into level 0 and reads ``o = Σ_
 shape is fixed and nothing branches on the position's value: one step compiles to one graph
 (``torch.compile(fullgraph=True)``), can be captured in a CUDA graph, and batches sequences that may
 even sit at different positions.
+
+The lazy layout defers the decay. Every level decays by the same ``exp(g)`` each token, so a level need
+not be rewritten to decay: it can keep a scale ``c^(l)`` and hold ``S^(l) = c^(l) stored^(l)``. A step then
+changes every scale but the stored tiles of two levels only:
+
+    carry:  stored^(j+1) <- Σ_{m <= j} c^(m) stored^(m),  c^(j+1) <- 1;   c^(l) <- 0 for l <= j
+    decay:  c^(l) <- exp(g) c^(l) for every level     (so the carry's target keeps scale exp(g))
+    write:  stored^(0) <- β k vᵀ,  c^(0) <- 1;         read:  o = Σ_l λ_l c^(l) stored^(l)ᵀ q
+
+An empty level has scale 0 and whatever tile it held before (never read). The delta rule's
+``(I - β k kᵀ)`` is linear, so it commutes with the scales and still acts on every stored tile. The scales
+are held as ``decay_scales: [B, H, L, V]``, each level's scale repeated in every value column: programs
+that split the value columns (the Triton step) then each own the copies of their columns and update them
+in place, where one shared copy would be read by one program after another had already updated it.
 """
 
 from __future__ import annotations
@@ -90,18 +104,60 @@ def fenwick_step(
     return out, levels, position + 1
 
 
+def lazy_fenwick_step(
+    levels: torch.Tensor,
+    decay_scales: torch.Tensor,
+    position: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    level_scales: torch.Tensor,
+    log_decay: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`fenwick_step` on the lazy layout (module docstring): the same output, the same level values.
+
+    levels: ``[B, H, L, K, V]`` stored tiles; decay_scales: ``[B, H, L, V]``; other arguments as
+    :func:`fenwick_step`. Returns ``(o: [B, H, V], levels, decay_scales, position + 1)``. Empty levels are
+    masked out, whatever they hold.
+    """
+    L = levels.shape[2]
+    q, k, v = (x.to(levels.dtype) for x in (q, k, v))
+    into, cleared = (m[:, None, :, None] for m in carry_masks(position, L))  # [B, 1, L, 1]
+    values = decay_scales[..., None, :] * levels
+    merged = torch.where(cleared[..., None], values, 0).sum(2, keepdim=True)  # Σ_{m <= j} c^(m) ⊙ stored^(m)
+    levels = torch.where(into[..., None], merged, levels)
+    decay_scales = torch.where(into, 1.0, decay_scales.masked_fill(cleared, 0))
+    if beta is not None:  # (I - β k kᵀ) on every stored tile
+        beta = beta.to(levels.dtype)
+        projected = torch.einsum("bhk,bhlkv->bhlv", k, levels)
+        levels = levels - (beta[..., None] * k)[:, :, None, :, None] * projected[:, :, :, None, :]
+    if log_decay is not None:
+        decay_scales = decay_scales * log_decay.to(levels.dtype).exp()[:, :, None, None]
+    written = (k if beta is None else beta[..., None] * k)[..., :, None] * v[..., None, :]  # β k vᵀ
+    is_level0 = torch.arange(L, device=levels.device) == 0
+    levels = torch.where(is_level0[:, None, None], written[:, :, None], levels)
+    decay_scales = torch.where(is_level0[:, None], 1.0, decay_scales)
+    live = live_levels(position + 1, L)[:, None, :, None, None]  # [B, 1, L, 1, 1]
+    values = torch.where(live, decay_scales[..., None, :] * levels, 0)
+    out = torch.einsum("bhl,bhk,bhlkv->bhv", level_scales.to(levels.dtype), q, values)
+    return out, levels, decay_scales, position + 1
+
+
 @dataclass
 class FenwickCache:
     """The decoding state of ``B`` sequences as a fixed buffer (module docstring).
 
-    levels: ``[B, H, L, K, V]`` with ``L = num_levels(max_len)``, zeros where a level is empty;
-    position: int64 ``[B]``, tokens consumed by each sequence; max_len: the most tokens a sequence may
-    consume.
+    levels: ``[B, H, L, K, V]`` with ``L = num_levels(max_len)``; position: int64 ``[B]``, tokens consumed by
+    each sequence; max_len: the most tokens a sequence may consume; decay_scales: None for the eager layout
+    (each level holds its value, zeros where a level is empty) or ``[B, H, L, V]`` for the lazy one (a
+    level's value is ``decay_scales[:, :, l, None, :] * levels[:, :, l]``; module docstring).
     """
 
     levels: torch.Tensor
     position: torch.Tensor
     max_len: int
+    decay_scales: torch.Tensor | None = None
 
     @classmethod
     def empty(
@@ -114,23 +170,32 @@ class FenwickCache:
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        lazy: bool = False,
     ) -> FenwickCache:
-        """A cache before the first token: ``[batch, heads, num_levels(max_len), key_dim, value_dim]`` zeros."""
-        levels = torch.zeros(batch, heads, num_levels(max_len), key_dim, value_dim, dtype=dtype, device=device)
-        return cls(levels, torch.zeros(batch, dtype=torch.long, device=device), max_len)
+        """A cache before the first token: ``[batch, heads, num_levels(max_len), key_dim, value_dim]`` zeros
+        (and zero scales ``[batch, heads, L, value_dim]`` when ``lazy``)."""
+        L = num_levels(max_len)
+        levels = torch.zeros(batch, heads, L, key_dim, value_dim, dtype=dtype, device=device)
+        scales = torch.zeros(batch, heads, L, value_dim, dtype=dtype, device=device) if lazy else None
+        return cls(levels, torch.zeros(batch, dtype=torch.long, device=device), max_len, scales)
 
     @classmethod
-    def from_state(cls, state: FenwickState, max_len: int, dtype: torch.dtype | None = None) -> FenwickCache:
-        """The buffer holding a :class:`FenwickState` (for example a prefill's), with room up to ``max_len``."""
+    def from_state(
+        cls, state: FenwickState, max_len: int, dtype: torch.dtype | None = None, *, lazy: bool = False
+    ) -> FenwickCache:
+        """The buffer holding a :class:`FenwickState` (for example a prefill's), with room up to ``max_len``;
+        ``lazy``: in the lazy layout, every live level stored with scale 1."""
         held = [s for s in state.levels if s is not None]
         if not held:
             raise ValueError("the FenwickState holds no level (position 0): start from FenwickCache.empty(...)")
         if state.position > max_len:
             raise ValueError(f"the state is at position {state.position}, past max_len={max_len}")
-        cache = cls.empty(*held[0].shape, max_len, dtype=dtype or held[0].dtype, device=held[0].device)
+        cache = cls.empty(*held[0].shape, max_len, dtype=dtype or held[0].dtype, device=held[0].device, lazy=lazy)
         for lvl, s in enumerate(state.levels):
             if s is not None:
                 cache.levels[:, :, lvl] = s
+                if lazy:
+                    cache.decay_scales[:, :, lvl] = 1
         cache.position.fill_(state.position)
         return cache
 
@@ -139,13 +204,27 @@ class FenwickCache:
         """``L``: the levels the buffer holds, live or not."""
         return self.levels.shape[2]
 
+    @property
+    def lazy(self) -> bool:
+        """Whether the cache keeps the lazy layout (``decay_scales`` set)."""
+        return self.decay_scales is not None
+
     def live(self) -> torch.Tensor:
         """Bool ``[B, L]``: which levels hold keys now."""
         return live_levels(self.position, self.num_levels)
 
+    def level_values(self) -> torch.Tensor:
+        """``[B, H, L, K, V]``: every level's value, zeros where empty, in either layout."""
+        if self.decay_scales is None:
+            return self.levels
+        live = self.live()[:, None, :, None, None]
+        return torch.where(live, self.decay_scales[..., None, :] * self.levels, 0)
+
     def state_bytes(self) -> int:
-        """Bytes of the buffer: ``B · H · L · K · V`` elements, whatever the position."""
-        return self.levels.numel() * self.levels.element_size()
+        """Bytes of the buffers: ``B · H · L · K · V`` elements, whatever the position, and ``B · H · L · V``
+        scales in the lazy layout."""
+        held = [self.levels] if self.decay_scales is None else [self.levels, self.decay_scales]
+        return sum(x.numel() * x.element_size() for x in held)
 
     def to_state(self) -> FenwickState:
         """The same state as a :class:`FenwickState` list (every sequence at one position)."""
@@ -154,10 +233,12 @@ class FenwickCache:
             raise ValueError(f"the sequences sit at different positions {self.position.tolist()}: no one FenwickState")
         live = live_levels(torch.tensor(position), self.num_levels).tolist()
         count = 0 if position == 0 else num_levels(position)
-        return FenwickState([self.levels[:, :, lvl] if live[lvl] else None for lvl in range(count)], position)
+        values = self.level_values()
+        return FenwickState([values[:, :, lvl] if live[lvl] else None for lvl in range(count)], position)
 
     def step(self, q, k, v, level_scales, log_decay=None, beta=None) -> torch.Tensor:
-        """Consume one token of every sequence; shapes as :func:`fenwick_step`. Returns ``o: [B, H, V]``.
+        """Consume one token of every sequence; shapes as :func:`fenwick_step` (:func:`lazy_fenwick_step` in
+        the lazy layout). Returns ``o: [B, H, V]``.
 
         Raises ``ValueError`` when a sequence would pass ``max_len`` or ``level_scales`` has fewer than
         ``L`` levels (only ``L`` are read).
@@ -169,7 +250,13 @@ class FenwickCache:
             )
         if not torch.compiler.is_compiling() and bool((self.position >= self.max_len).any()):
             raise ValueError(f"decoding past max_len={self.max_len}: positions {self.position.tolist()}")
-        out, self.levels, self.position = fenwick_step(
-            self.levels, self.position, q, k, v, level_scales[..., : self.num_levels], log_decay, beta
-        )
+        level_scales = level_scales[..., : self.num_levels]
+        if self.decay_scales is None:
+            out, self.levels, self.position = fenwick_step(
+                self.levels, self.position, q, k, v, level_scales, log_decay, beta
+            )
+        else:
+            out, self.levels, self.decay_scales, self.position = lazy_fenwick_step(
+                self.levels, self.decay_scales, self.position, q, k, v, level_scales, log_decay, beta
+            )
         return out.to(q.dtype)

@@ -102,8 +102,7 @@ def kernel_by_default(loglinear: bool, beta: bool) -> bool:
     """Whether CUDA calls take the Triton form when none is asked for: log-linear Mamba-2 (no delta rule).
 
     The delta-rule kernels are taken on request only (``form="triton"``, ``backend="triton"``): on an H200
-    their forward and backward are an order of magnitude slower than the decay-only kernels (chapter 9), and
-    the book records no GPU accuracy for them (``pytest -m gpu tests/test_kernels_gdn_gpu.py`` measures it).
+    their forward and backward are an order of magnitude slower than the decay-only kernels (chapter 9).
     """
     return kernel_computes(loglinear, beta) and not beta
 

@@ -1,5 +1,5 @@
-"""The decode benchmark's CPU tier: every implementation measured, state bytes as the caches say,
-results written with their provenance."""
+"""The decode benchmark's CPU tier: every implementation measured (the kernel's variants each as their own
+row), state bytes as the caches say, bytes moved as counted, results written with their provenance."""
 
 import json
 
@@ -9,7 +9,7 @@ pytest.importorskip("triton")
 
 
 def test_decode_benchmark_cpu_tier(tmp_path):
-    from loglin_edu.bench.decode import CPU, IMPLEMENTATIONS, main
+    from loglin_edu.bench.decode import CPU, IMPLEMENTATIONS, KERNEL_VARIANTS, main
 
     out = tmp_path / "decode.json"
     result = main(["--tier", "cpu", "--quiet", "--out", str(out)])
@@ -27,10 +27,21 @@ def test_decode_benchmark_cpu_tier(tmp_path):
             assert rows[("loglinear", B, T)]["state_bytes"] == B * (L * state + 8)  # levels and the position
             assert rows[("loglinear", B, T)]["live_levels_before"] == [0] + [
                 lvl for lvl in range(1, L) if (T - 2) >> (lvl - 1) & 1]
+            for name in ("loglinear_unrolled", "loglinear_lazy", "loglinear_lazy_unrolled"):  # the kernel's variants
+                scales = B * CPU.heads * L * CPU.value * 4 if "lazy" in name else 0
+                assert rows[(name, B, T)]["state_bytes"] == B * (L * state + 8) + scales, name
+                assert rows[(name, B, T)]["live_levels_before"] == rows[("loglinear", B, T)]["live_levels_before"]
+            p = bin(T - 2).count("1")  # live levels before the step, less one
+            assert rows[("loglinear", B, T)]["moved_bytes"] == B * (2 * p + 3) * state
+            assert rows[("loglinear_lazy", B, T)]["moved_bytes"] == B * ((p + 3) * state + (2 * p + 3) * CPU.heads
+                                                                          * CPU.value * 4)
             assert rows[("mamba2", B, T)]["state_bytes"] == B * state
             assert rows[("attention", B, T)]["state_bytes"] == 2 * B * CPU.heads * T * CPU.value * 4
-    goals = saved["goals"]["loglinear_within_2x_mamba2"]
-    assert set(goals) == {f"B={B},T={T}" for B in CPU.batches for T in CPU.contexts}
+    cells = {f"B={B},T={T}" for B in CPU.batches for T in CPU.contexts}
+    assert set(saved["goals"]["loglinear_within_2x_mamba2"]) == cells
+    variants = saved["goals"]["variants_within_2x_mamba2"]
+    assert set(variants) == set(KERNEL_VARIANTS) and all(set(v) == cells for v in variants.values())
+    assert variants["loglinear"] == saved["goals"]["loglinear_within_2x_mamba2"]
 
 
 def test_a_kv_cache_over_the_limit_is_skipped_with_its_reason():

@@ -1,12 +1,13 @@
 """The Triton decode step of log-linear Mamba-2 (kernels/decode_step.py) against the tensor step of
 :mod:`loglin_edu.decoding`: fp32 under Triton's interpreter on a CPU (compiled on a GPU), level buffers and
-outputs, sequences at different positions, no access outside its tensors."""
+outputs, sequences at different positions, no access outside its tensors; its variants (the unrolled
+schedule, the lazy layout) against the loop kernel and the float64 tensor step."""
 
 import pytest
 import torch
 
 from kernel_helpers import DEVICE, guard_intact, padded_copy
-from loglin_edu.decoding import FenwickCache
+from loglin_edu.decoding import FenwickCache, carry_masks
 from operators import assert_close
 
 decode = pytest.importorskip("loglin_edu.kernels.decode_step")
@@ -93,6 +94,133 @@ def test_kernel_refuses_what_it_does_not_compute():
         decode.decode_step_(cache.levels, cache.position, q, k, v, lam[..., :2], g)
 
 
+VARIANTS = {"unrolled": ("unrolled", False), "lazy": ("loop", True), "lazy_unrolled": ("unrolled", True)}
+"""The variants of the kernel: ``name -> (schedule, lazy layout)``."""
+
+
+def prepared_layouts(H, K, V, max_len, positions, seed):
+    """float64 caches of both layouts whose sequences sit at ``positions``, stepped by the tensor step with the
+    same random tokens (per-head q, k, with decay); the lazy one's empty levels hold NaN, which no step reads."""
+    gen = torch.Generator().manual_seed(seed)
+    eager, lazy = [], []
+    for position in positions:
+        eager.append(FenwickCache.empty(1, H, K, V, max_len, dtype=torch.float64, device=DEVICE))
+        lazy.append(FenwickCache.empty(1, H, K, V, max_len, dtype=torch.float64, device=DEVICE, lazy=True))
+        for _ in range(position):
+            step = random_step(gen, 1, H, H, K, V, eager[-1].num_levels, dtype=torch.float64)
+            eager[-1].step(*step)
+            lazy[-1].step(*step)
+
+    def joined(caches, field):
+        return torch.cat([getattr(c, field) for c in caches])
+
+    eager = FenwickCache(joined(eager, "levels"), joined(eager, "position"), max_len)
+    lazy = FenwickCache(joined(lazy, "levels"), joined(lazy, "position"), max_len, joined(lazy, "decay_scales"))
+    lazy.levels[~lazy.live()[:, None, :, None, None].expand_as(lazy.levels)] = float("nan")
+    return eager, lazy
+
+
+def fp32(cache):
+    """A float32 copy of a cache, in its layout."""
+    scales = None if cache.decay_scales is None else cache.decay_scales.float()
+    return FenwickCache(cache.levels.float(), cache.position.clone(), cache.max_len, scales)
+
+
+def check_variant(name, eager, lazy, steps, block_v, Hk, decay):
+    """``steps`` tokens through the variant ``name``, the loop kernel and the float64 tensor step of the
+    variant's layout, side by side: outputs, level values, positions; for the lazy layout also the scales,
+    and every stored tile but level 0 and the carry's target left as it was."""
+    schedule, is_lazy = VARIANTS[name]
+    exact = lazy if is_lazy else eager
+    baseline, fast = fp32(eager), fp32(exact)
+    gen = torch.Generator().manual_seed(11)
+    B, H, L, K, V = eager.levels.shape
+    for i in range(steps):
+        q, k, v, lam, g = random_step(gen, B, H, Hk, K, V, L, decay)
+        where = f"{name}, step {i} at positions {fast.position.tolist()}"
+        into, _ = carry_masks(fast.position, L)
+        written = (into | (torch.arange(L, device=DEVICE) == 0))[:, None, :, None, None].expand_as(fast.levels)
+        stored_before = fast.levels.clone()
+        expected = exact.step(*(x.double().expand(B, H, K) for x in (q, k)), *(None if x is None else x.double()
+                                                                             for x in (v, lam, g)))
+        wanted = decode.decode_step_(baseline.levels, baseline.position, q, k, v, lam, g, block_v=block_v)
+        got = decode.decode_step_(fast.levels, fast.position, q, k, v, lam, g, decay_scales=fast.decay_scales,
+                                  schedule=schedule, block_v=block_v)
+        assert_close(got.double(), wanted.double(), rtol=1e-5, atol=1e-6, what=f"{where}: o against the loop kernel")
+        assert_close(got.double(), expected, rtol=1e-5, atol=1e-6, what=f"{where}: o against float64")
+        assert_close(fast.level_values().double(), baseline.levels.double(), rtol=1e-5, atol=1e-6,
+                     what=f"{where}: level values against the loop kernel")
+        assert_close(fast.level_values().double(), exact.level_values(), rtol=1e-5, atol=1e-6,
+                     what=f"{where}: level values against float64")
+        assert torch.equal(fast.position, baseline.position) and torch.equal(fast.position, exact.position)
+        if is_lazy:
+            assert_close(fast.decay_scales.double(), exact.decay_scales, rtol=1e-6, what=f"{where}: scales")
+            torch.testing.assert_close(fast.levels[~written], stored_before[~written], rtol=0, atol=0, equal_nan=True,
+                                       msg=f"{where}: a tile other than level 0 and the carry's target changed")
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_variant_equals_the_loop_kernel_at_many_positions(name):
+    """One batch at 0, 1, powers of two and their neighbours up to 33 and two random positions (L = 7), q, k
+    shared by the heads, with decay: three consecutive tokens."""
+    positions = [0, 1, 3, 4, 7, 8, 15, 16, 17, 31, 32, 33]
+    positions += torch.randint(0, 63, (2,), generator=torch.Generator().manual_seed(2)).tolist()
+    eager, lazy = prepared_layouts(2, 5, 6, 64, positions, seed=3)
+    check_variant(name, eager, lazy, steps=3, block_v=8, Hk=1, decay=True)
+
+
+@pytest.mark.parametrize("decay", [True, False], ids=["decay", "no_decay"])
+@pytest.mark.parametrize("name", VARIANTS)
+def test_variant_equals_the_loop_kernel_from_the_first_token(name, decay):
+    """Two sequences from positions 0 and 5, eight tokens (every carry into levels 1 to 3), per-head q, k, the
+    value columns split over two programs."""
+    eager, lazy = prepared_layouts(2, 5, 6, 16, [0, 5], seed=4)
+    check_variant(name, eager, lazy, steps=8, block_v=4, Hk=2, decay=decay)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_variant_stays_inside_its_tensors(name):
+    """As :func:`test_kernel_step_stays_inside_its_tensors`, for each variant (the lazy scales padded too)."""
+    schedule, is_lazy = VARIANTS[name]
+    eager, lazy = prepared_layouts(3, 5, 6, 32, [7, 16], seed=5)
+    exact = lazy if is_lazy else eager
+    inputs = random_step(torch.Generator().manual_seed(6), 2, 3, 1, 5, 6, exact.num_levels)
+    tensors = [exact.levels.float()] + ([exact.decay_scales.float()] if is_lazy else []) + inputs
+    buffers, views = zip(*(padded_copy(x) for x in tensors))
+    levels, scales = views[0], views[1] if is_lazy else None
+    q, k, v, lam, g = views[-5:]
+    position = exact.position.clone()
+    got = decode.decode_step_(levels, position, q, k, v, lam, g, decay_scales=scales, schedule=schedule, block_v=4)
+    expected = exact.step(inputs[0].double().expand(2, 3, 5), inputs[1].double().expand(2, 3, 5),
+                          *(x.double() for x in inputs[2:]))
+    assert all(guard_intact(b) for b in buffers)
+    assert torch.isfinite(got).all()
+    assert_close(got.double(), expected, rtol=1e-5, atol=1e-6, what=f"{name}: guarded o")
+    values = FenwickCache(levels, position, 32, scales).level_values()
+    assert_close(values.double(), exact.level_values(), rtol=1e-5, atol=1e-6, what=f"{name}: guarded levels")
+
+
+def test_variants_refuse_what_they_do_not_compute():
+    cache = FenwickCache.empty(1, 2, 4, 4, max_len=8, device=DEVICE, lazy=True)
+    q, k, v, lam, g = random_step(torch.Generator().manual_seed(0), 1, 2, 1, 4, 4, cache.num_levels)
+    with pytest.raises(ValueError, match=r"schedule must be one of \('loop', 'unrolled'\), got 'tiled'"):
+        decode.decode_step_(cache.levels, cache.position, q, k, v, lam, g, schedule="tiled")
+    with pytest.raises(ValueError, match=r"decay_scales must be float32 \[B=1, H=2, L=4, V=4\]"):
+        decode.decode_step_(cache.levels, cache.position, q, k, v, lam, g, decay_scales=cache.decay_scales[:, :, :3])
+    with pytest.raises(ValueError, match="got torch.float64"):
+        decode.decode_step_(cache.levels, cache.position, q, k, v, lam, g, decay_scales=cache.decay_scales.double())
+
+
+def test_step_bytes_count_the_tiles_each_layout_moves():
+    """Eager: ``p + 1`` tiles in and ``p + 2`` out; lazy: ``p + 1`` in, 2 out, and the scales."""
+    K, V = 128, 64
+    tile = K * V * 4
+    assert decode.step_bytes(0, K, V) == tile and decode.step_bytes(0, K, V, lazy=True) == tile + V * 4
+    assert decode.step_bytes(1023, K, V) == 21 * tile  # p = popcount(1022) = 9
+    assert decode.step_bytes(1023, K, V, lazy=True) == 12 * tile + 21 * V * 4
+    assert decode.step_bytes(2**20 - 1, K, V) == 41 * tile
+
+
 @pytest.mark.gpu
 def test_kernel_step_with_bf16_inputs_against_float64():
     """bf16 q, k, v, λ, g into fp32 levels: within 1e-2 of the float64 tensor step after 300 tokens."""
@@ -106,6 +234,56 @@ def test_kernel_step_with_bf16_inputs_against_float64():
                                 for x in (q, k, v, lam)), g.double())
         got = decode.decode_step_(fast.levels, fast.position, q, k, v, lam, g)
     assert_close(got.double(), expected, rtol=1e-2, what="bf16 decode step")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", VARIANTS)
+def test_variant_with_bf16_inputs_against_float64(name):
+    """As :func:`test_kernel_step_with_bf16_inputs_against_float64`, for each variant (compiled at K = 128,
+    V = 64, L = 10)."""
+    schedule, lazy = VARIANTS[name]
+    gen = torch.Generator().manual_seed(6)
+    B, H, K, V = 4, 8, 128, 64
+    exact = FenwickCache.empty(B, H, K, V, max_len=512, dtype=torch.float64, device=DEVICE)
+    fast = FenwickCache.empty(B, H, K, V, max_len=512, device=DEVICE, lazy=lazy)
+    for _ in range(300):
+        q, k, v, lam, g = random_step(gen, B, H, 1, K, V, exact.num_levels, dtype=torch.bfloat16)
+        expected = exact.step(q.double().expand(B, H, K), k.double().expand(B, H, K), v.double(), lam.double(),
+                              g.double())
+        got = decode.decode_step_(fast.levels, fast.position, q, k, v, lam, g, decay_scales=fast.decay_scales,
+                                  schedule=schedule)
+    assert_close(got.double(), expected, rtol=1e-2, what=f"{name}: bf16 decode step")
+    assert_close(fast.level_values().double(), exact.levels, rtol=1e-2, what=f"{name}: levels after 300 tokens")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_v", [8, 16, 32, 64])
+@pytest.mark.parametrize("name", VARIANTS)
+def test_variant_at_a_million_tokens_equals_the_loop_kernel(name, block_v):
+    """The benchmark's fullest state, position 2^20 - 1 (L = 21, 20 live levels) at K = 128, V = 64, every V-tile
+    it times (the unrolled schedule's registers spill at the wide ones): two steps against the loop kernel."""
+    schedule, lazy = VARIANTS[name]
+    gen = torch.Generator().manual_seed(7)
+    B, H, K, V, T = 2, 4, 128, 64, 2**20
+    baseline = FenwickCache.empty(B, H, K, V, max_len=T, device=DEVICE)
+    fast = FenwickCache.empty(B, H, K, V, max_len=T, device=DEVICE, lazy=lazy)
+    for cache in (baseline, fast):
+        cache.position.fill_(T - 2)
+    live = baseline.live()[0]
+    stored = 0.01 * torch.randn(B, H, int(live.sum()), K, V, generator=gen).to(DEVICE)
+    scales = (0.5 + 0.5 * torch.rand(B, H, int(live.sum()), 1, 1, generator=gen)).to(DEVICE)
+    fast.levels[:, :, live] = stored if lazy else scales * stored
+    baseline.levels[:, :, live] = scales * stored
+    if lazy:
+        fast.decay_scales[:, :, live] = scales[..., 0].expand(-1, -1, -1, V)
+    for i in range(2):  # tokens T - 2 (a carry into level 2) and T - 1
+        q, k, v, lam, g = random_step(gen, B, H, 1, K, V, baseline.num_levels)
+        wanted = decode.decode_step_(baseline.levels, baseline.position, q, k, v, lam, g, block_v=block_v)
+        got = decode.decode_step_(fast.levels, fast.position, q, k, v, lam, g, decay_scales=fast.decay_scales,
+                                  schedule=schedule, block_v=block_v)
+        assert_close(got.double(), wanted.double(), rtol=1e-5, what=f"{name}, BV={block_v}, step {i}: o")
+        assert_close(fast.level_values().double(), baseline.levels.double(), rtol=1e-5,
+                     what=f"{name}, BV={block_v}, step {i}: levels")
 
 
 def test_layer_decodes_with_the_kernel():

@@ -1,12 +1,12 @@
 """The tensor decoding state (one ``[B, H, L, K, V]`` buffer) steps exactly like the list-of-levels
 FenwickState, holds the levels the binary counter says, takes over a prefill's state, and compiles to
-one graph."""
+one graph; its lazy layout (levels with decay scales) steps exactly like the eager one."""
 
 import pytest
 import torch
 
 import loglin_edu as le
-from loglin_edu.decoding import FenwickCache, carry_masks, fenwick_step, live_levels
+from loglin_edu.decoding import FenwickCache, carry_masks, fenwick_step, lazy_fenwick_step, live_levels
 from operators import LOGLINEAR, assert_close
 from test_prefill import split_args, states_equal
 
@@ -38,6 +38,65 @@ def test_tensor_step_equals_the_list_state(op, shared_qk):
         expected = listed.step(*step)
         assert_close(cache.step(*step), expected, rtol=1e-12, what=f"{op.name} output at t={t}")
         states_equal(cache.to_state(), listed, f"{op.name} after t={t}")
+
+
+@pytest.mark.parametrize("op", LOGLINEAR, ids=IDS)
+def test_lazy_layout_steps_like_the_eager_one(op):
+    """Every operator, per-head q, k: outputs and level values of the lazy layout equal the eager cache's and
+    the list state's after every token; every stored tile but levels 0 and j + 1 is left as it was."""
+    T, H, max_len = 40, 2, 64
+    args = list(split_args(op, op.inputs(B=2, T=T, H=H, K=3, V=4, seed=4)))
+    lam = args[3]
+    args[3] = torch.cat([lam, lam[..., :1].expand(-1, -1, -1, le.num_levels(max_len) - lam.shape[-1])], -1)
+    eager = FenwickCache.empty(2, H, 3, 4, max_len, dtype=torch.float64)
+    lazy = FenwickCache.empty(2, H, 3, 4, max_len, dtype=torch.float64, lazy=True)
+    listed = le.FenwickState()
+    for t in range(T):
+        step = step_args(args, t, H)
+        before = lazy.levels.clone()
+        expected = eager.step(*step)
+        assert_close(lazy.step(*step), expected, rtol=1e-12, what=f"{op.name} lazy output at t={t}")
+        assert_close(listed.step(*step), expected, rtol=1e-12, what=f"{op.name} list output at t={t}")
+        assert_close(lazy.level_values(), eager.levels, rtol=1e-12, what=f"{op.name} level values after t={t}")
+        states_equal(lazy.to_state(), listed, f"{op.name} lazy after t={t}")
+        if not op.delta:  # without the delta rule only level 0 and the carry's target change
+            j = (t & -t).bit_length() - 1 if t else -1
+            untouched = [lvl for lvl in range(lazy.num_levels) if lvl not in (0, j + 1)]
+            assert torch.equal(lazy.levels[:, :, untouched], before[:, :, untouched]), (op.name, t)
+
+
+def test_lazy_layout_scales_and_empty_levels():
+    """Empty levels have scale 0 and are never read (NaN content changes nothing); the carry's target gets
+    the decay of its token as its scale; a prefill's state converts with scale 1."""
+    gen = torch.Generator().manual_seed(5)
+    B, H, K, V = 2, 2, 3, 4
+    lazy = FenwickCache.empty(B, H, K, V, max_len=32, dtype=torch.float64, lazy=True)
+    eager = FenwickCache.empty(B, H, K, V, max_len=32, dtype=torch.float64)
+    for t in range(13):
+        x = [torch.randn(B, H, K, generator=gen, dtype=torch.float64) for _ in range(2)]
+        v, lam = torch.randn(B, H, V, generator=gen, dtype=torch.float64), torch.rand(B, H, 6, generator=gen)
+        g = -torch.rand(B, H, generator=gen, dtype=torch.float64)
+        dead = ~lazy.live()[:, None, :, None, None].expand_as(lazy.levels)
+        lazy.levels[dead] = float("nan")
+        assert_close(lazy.step(*x, v, lam.double(), g), eager.step(*x, v, lam.double(), g), rtol=1e-12, what=f"t={t}")
+        live = lazy.live()[:, None, :, None].expand_as(lazy.decay_scales)
+        assert (lazy.decay_scales[~live] == 0).all() and (lazy.decay_scales[live] > 0).all(), t
+        assert torch.equal(lazy.decay_scales[:, :, 0], torch.ones(B, H, V, dtype=torch.float64))
+        if t in (2, 4, 8, 12):  # the carry into level j + 1 at token t: scale exp(g_t)
+            j = (t & -t).bit_length() - 1
+            assert torch.equal(lazy.decay_scales[:, :, j + 1], g.exp()[..., None].expand(B, H, V)), t
+    state = eager.to_state()
+    converted = FenwickCache.from_state(state, max_len=32, lazy=True)
+    assert torch.equal(converted.decay_scales, converted.live()[:, None, :, None].double().expand(B, H, 6, V))
+    states_equal(converted.to_state(), state, "lazy from_state")
+    assert converted.state_bytes() == B * H * 6 * (K * V + V) * 8
+
+
+def test_lazy_step_traces_to_one_graph_without_breaks():
+    cache, steps = compile_inputs()
+    lazy = FenwickCache.empty(*cache.levels.shape[:2], *cache.levels.shape[3:], cache.max_len, lazy=True)
+    explained = torch._dynamo.explain(lazy_fenwick_step)(lazy.levels, lazy.decay_scales, lazy.position, *steps[0])
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
 
 
 def test_live_levels_follow_the_binary_counter():

@@ -29,18 +29,19 @@ def trained(name, tmp_path, label, device="cpu", **modes):
     return record, weights
 
 
-def assert_same_training(eager, other, rtol, weights_rtol=None):
+def assert_same_training(eager, other, rtol, weights_rtol=None, norm=False):
     """Same losses at every evaluation (``rtol``) and the same weights after the last step (``weights_rtol``,
-    default ``rtol``; the largest difference relative to the tensor's largest entry), to float32 rounding."""
+    default ``rtol``), to float32 rounding. The weights' difference is measured against the tensor's largest
+    entry (``max|a - b| / max|a|``), or with ``norm`` against its norm (``‖a - b‖ / ‖a‖``)."""
     (record_a, weights_a), (record_b, weights_b) = eager, other
     losses_a = torch.tensor([line["train_loss"] for line in record_a["history"]])
     losses_b = torch.tensor([line["train_loss"] for line in record_b["history"]])
     assert torch.allclose(losses_a, losses_b, rtol=rtol, atol=0), (losses_a, losses_b)
+    size = (lambda x: x.norm()) if norm else (lambda x: x.abs().max())
     for a, b in zip(weights_a, weights_b):
         for key in a:
-            scale = a[key].abs().max().clamp(min=1e-6)
-            relative = ((a[key] - b[key]).abs().max() / scale).item()
-            assert relative < (weights_rtol or rtol), f"{key}: largest difference {relative:.2e} of the largest entry"
+            relative = (size(a[key] - b[key]) / size(a[key]).clamp(min=1e-6)).item()
+            assert relative < (weights_rtol or rtol), f"{key}: relative difference {relative:.2e}"
 
 
 def assert_same_checkpoints(a_dir, b_dir, rtol, atol):
@@ -77,16 +78,20 @@ def test_captured_step_equals_the_eager_step_on_cuda(tmp_path, name, compile):
     """The whole step recorded in a CUDA graph (after its eager steps) trains as the eager step does.
 
     On the GPU two runs of one step already differ in the last bits (the embedding's backward adds its rows in
-    no fixed order), and AdamW divides by √v, which magnifies those bits where a gradient is near zero: after
-    8 steps at learning rates up to 10^-1.5 eager and captured weights differ by a few 1e-4 of their largest
-    entry, so the weights are held to 1e-3 and the losses to 1e-4. A step that read a stale batch or learning
-    rate moves a weight by a whole AdamW update (about its learning rate, 10^-3 to 10^-1.5)."""
+    no fixed order), and a compiled step rounds differently from the eager one. AdamW divides by √v, which
+    magnifies those bits in the few entries whose gradient is near zero: there a weight can move by a good
+    part of one update (about the learning rate) in one run and not in the other. Compiling alone on the CPU,
+    where each run is deterministic, Gated DeltaNet's weights at learning rate 10^-2 differ after 8 steps by
+    4.5e-3 of a tensor's largest entry (in 4 of its 256 entries) and 1.2e-3 of its norm, while the losses
+    agree to 1e-5. So the losses are held to 1e-4 at every evaluation and the weights to 1e-2 of their norm:
+    a step that reads a stale batch or learning rate changes every entry's update, not a few, and the losses
+    after it."""
     torch.backends.cuda.matmul.allow_tf32 = False
     eager = trained(name, tmp_path, "eager", device="cuda")
     captured = trained(name, tmp_path, "captured", device="cuda", graphs=True, compile=compile)
     assert captured[0]["capture_error"] is None
     assert captured[0]["step_mode"] == ("compiled+graphs" if compile else "graphs")
-    assert_same_training(eager, captured, rtol=1e-4, weights_rtol=1e-3)
+    assert_same_training(eager, captured, rtol=1e-4, weights_rtol=1e-2, norm=True)
 
 
 @pytest.mark.gpu

@@ -1,6 +1,7 @@
 """How fast and how small is decoding: one layer's operator step at long contexts, and its state's bytes.
 
-    python -m loglin_edu.bench --decode [--tier gpu|cpu] [--contexts ...] [--batches ...] [--out PATH]
+    python -m loglin_edu.bench --decode [--tier gpu|cpu] [--contexts ...] [--batches ...] [--only ...]
+                                        [--block-v ...] [--num-warps ...] [--out PATH]
 
 For every batch ``B`` and context ``T`` the token decoded is the ``T``-th: ``T - 1`` tokens are in the
 state before the step, ``T`` after. Only the operator's step is timed (no projections), on the GPU
@@ -10,6 +11,10 @@ replayed from a CUDA graph, median of many replays (:func:`loglin_edu.timing.med
   :class:`~loglin_edu.decoding.FenwickCache` ``[B, H, num_levels(T), K, V]`` (fp32) at position ``T - 1``:
   for ``T = 2^m`` the step reads the ``m`` live levels and leaves ``m + 1`` — the fullest state a
   length-``T`` sequence holds;
+- ``loglinear_unrolled``, ``loglinear_lazy``, ``loglinear_lazy_unrolled``: the same kernel with its levels
+  unrolled (``schedule="unrolled"``), on the lazy layout (levels with decay scales, ``decay_scales``), or
+  both; each row also gives the bytes of levels and scales the step moves
+  (:func:`~loglin_edu.kernels.decode_step.step_bytes`) and the rate they move at;
 - ``loglinear_torch``: the same step by :func:`~loglin_edu.decoding.fenwick_step` (PyTorch operations);
 - ``mamba2``: Mamba-2's one state ``[B, H, K, V]`` (fp32), the Triton step kernel;
 - ``attention``: softmax attention with a KV cache ``[B, H, T, V]`` (16-bit, head width ``V``): write the
@@ -53,7 +58,8 @@ class DecodeSetting:
     batches: tuple[int, ...] = (1, 64)
     contexts: tuple[int, ...] = (1024, 4096, 16384, 65536, 262144, 1048576)
     memory_limit_gib: float = 140.0
-    block_v: tuple[int, ...] = (16, 32, 64)  # V-tiles of the Triton steps: each is timed, the fastest kept
+    block_v: tuple[int, ...] = (8, 16, 32, 64)  # V-tiles of the Triton steps: each is timed, the fastest kept
+    num_warps: tuple[int | None, ...] = (None,)  # warps of the Triton steps, None their default: timed with each tile
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -62,7 +68,14 @@ class DecodeSetting:
 
 GPU = DecodeSetting()
 CPU = DecodeSetting(heads=2, key=16, value=16, dtype="float32", batches=(1, 2), contexts=(16, 64), block_v=(16,))
-IMPLEMENTATIONS = ("loglinear", "loglinear_torch", "mamba2", "attention")
+KERNEL_VARIANTS = {
+    "loglinear": ("loop", False),
+    "loglinear_unrolled": ("unrolled", False),
+    "loglinear_lazy": ("loop", True),
+    "loglinear_lazy_unrolled": ("unrolled", True),
+}
+"""The rows of the log-linear decode kernel: ``name -> (schedule, lazy layout)``."""
+IMPLEMENTATIONS = (*KERNEL_VARIANTS, "loglinear_torch", "mamba2", "attention")
 
 
 def allocated(make: Callable[[], dict[str, torch.Tensor]], device: torch.device) -> tuple[dict, int]:
@@ -81,7 +94,7 @@ def step_ms(step: Callable[[], object], device: torch.device, graph: bool = True
     """Median ms of ``step()``; on CUDA replayed from a CUDA graph when it can be captured. Returns the
     time and whether a graph was used."""
     if device.type != "cuda" or not graph:
-        return median_ms(step, device=device, repeats=5, warmup=1), False
+        return median_ms(step, device=device, repeats=3, warmup=1), False
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -98,12 +111,18 @@ def step_ms(step: Callable[[], object], device: torch.device, graph: bool = True
     return median_ms(cuda_graph.replay, device=device), True
 
 
-def fastest_tile(step: Callable[[int], object], s: DecodeSetting, device) -> dict:
-    """Time ``step(block_v)`` for every V-tile of the setting; the fastest, and every time."""
-    times = {bv: step_ms(lambda: step(bv), device) for bv in s.block_v}
-    best = min(times, key=lambda bv: times[bv][0])
-    return dict(step_ms=times[best][0], cuda_graph=times[best][1], block_v=best,
-                block_v_ms={str(bv): t[0] for bv, t in times.items()})
+def fastest_tile(step: Callable[[int, int | None], object], s: DecodeSetting, device) -> dict:
+    """Time ``step(block_v, num_warps)`` for every V-tile and warp count of the setting; the fastest, and every
+    time (keyed ``"16"``, or ``"16/8w"`` for 8 warps asked for)."""
+    times = {(bv, nw): step_ms(lambda: step(bv, nw), device) for bv in s.block_v for nw in s.num_warps}
+    best = min(times, key=lambda tile: times[tile][0])
+    return dict(step_ms=times[best][0], cuda_graph=times[best][1], block_v=best[0], num_warps=best[1],
+                block_v_ms={str(bv) + ("" if nw is None else f"/{nw}w"): t[0] for (bv, nw), t in times.items()})
+
+
+def warps(num_warps: int | None) -> dict:
+    """The keyword of a Triton step's warp count: none for its default."""
+    return {} if num_warps is None else {"num_warps": num_warps}
 
 
 def step_inputs(B: int, s: DecodeSetting, levels: int, device, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -120,31 +139,44 @@ def step_inputs(B: int, s: DecodeSetting, levels: int, device, seed: int = 0) ->
                 log_decay=rand(B, s.heads, scale=-0.1, normal=False))
 
 
-def loglinear_cache(B: int, T: int, s: DecodeSetting, device) -> tuple[FenwickCache, int]:
-    """A :class:`FenwickCache` of ``T - 1`` tokens (random live levels, zeros elsewhere) and its bytes."""
+def loglinear_cache(B: int, T: int, s: DecodeSetting, device, lazy: bool = False) -> tuple[FenwickCache, int]:
+    """A :class:`FenwickCache` of ``T - 1`` tokens (random live levels, zeros elsewhere; in the lazy layout
+    with random scales in ``[0.5, 1)``) and its bytes."""
 
     def make():
-        cache = FenwickCache.empty(B, s.heads, s.key, s.value, max_len=T, device=device)
-        return {"levels": cache.levels, "position": cache.position}
+        cache = FenwickCache.empty(B, s.heads, s.key, s.value, max_len=T, device=device, lazy=lazy)
+        tensors = {"levels": cache.levels, "position": cache.position}
+        return tensors | ({"decay_scales": cache.decay_scales} if lazy else {})
 
     tensors, nbytes = allocated(make, device)
-    cache = FenwickCache(tensors["levels"], tensors["position"], T)
+    cache = FenwickCache(tensors["levels"], tensors["position"], T, tensors.get("decay_scales"))
     cache.position.fill_(T - 1)
     live = cache.live()[0]
     cache.levels[:, :, live] = 0.01 * torch.randn(B, s.heads, int(live.sum()), s.key, s.value, device=device)
+    if lazy:
+        scales = 0.5 + 0.5 * torch.rand(B, s.heads, int(live.sum()), 1, device=device)
+        cache.decay_scales[:, :, live] = scales.expand(-1, -1, -1, s.value)
     return cache, nbytes
 
 
-def measure_loglinear(B: int, T: int, s: DecodeSetting, device, kernel: bool) -> dict:
-    """The log-linear step at position ``T - 1``, by the Triton kernel or by :func:`fenwick_step`."""
-    cache, nbytes = loglinear_cache(B, T, s, device)
+def measure_loglinear(B: int, T: int, s: DecodeSetting, device, name: str) -> dict:
+    """The log-linear step at position ``T - 1``: by the Triton kernel (a variant of
+    :data:`KERNEL_VARIANTS`) or, for ``loglinear_torch``, by :func:`fenwick_step`."""
+    schedule, lazy = KERNEL_VARIANTS.get(name, (None, False))
+    cache, nbytes = loglinear_cache(B, T, s, device, lazy)
     x = step_inputs(B, s, cache.num_levels, device)
-    if kernel:
-        from ..kernels.decode_step import decode_step_
+    if schedule is not None:
+        from ..kernels.config import block
+        from ..kernels.decode_step import decode_step_, default_num_warps, step_bytes
 
-        timed = fastest_tile(lambda bv: decode_step_(
+        timed = fastest_tile(lambda bv, nw: decode_step_(
             cache.levels, cache.position, x["q"], x["k"], x["v"], x["level_scales"], x["log_decay"],
-            block_v=bv, advance=False), s, device)
+            decay_scales=cache.decay_scales, schedule=schedule, block_v=bv, advance=False, **warps(nw)), s, device)
+        if timed["num_warps"] is None:  # the kernel's own choice, recorded
+            timed["num_warps"] = default_num_warps(schedule, cache.num_levels, block(s.key), timed["block_v"])
+        moved = B * s.heads * step_bytes(T - 1, s.key, s.value, lazy)
+        timed.update(schedule=schedule, layout="lazy" if lazy else "eager", moved_bytes=moved,
+                     moved_gb_per_s=moved / timed["step_ms"] / 1e6)
     else:
         heads = (B, s.heads, s.key)
         ms, graph = step_ms(lambda: fenwick_step(
@@ -163,8 +195,8 @@ def measure_mamba2(B: int, T: int, s: DecodeSetting, device) -> dict:
     tensors, nbytes = allocated(lambda: {"state": torch.zeros(B, s.heads, s.key, s.value, device=device)}, device)
     state = tensors["state"].normal_(0, 0.01)
     x = step_inputs(B, s, 1, device)
-    timed = fastest_tile(lambda bv: mamba2_decode_step_(state, x["q"], x["k"], x["v"], x["log_decay"], block_v=bv),
-                         s, device)
+    timed = fastest_tile(lambda bv, nw: mamba2_decode_step_(state, x["q"], x["k"], x["v"], x["log_decay"],
+                                                            block_v=bv, **warps(nw)), s, device)
     return dict(timed, state_bytes=nbytes, states_per_head=1.0)
 
 
@@ -234,7 +266,7 @@ def measure(name: str, B: int, T: int, s: DecodeSetting, device) -> dict:
         elif name == "mamba2":
             row.update(measure_mamba2(B, T, s, device))
         else:
-            row.update(measure_loglinear(B, T, s, device, kernel=name == "loglinear"))
+            row.update(measure_loglinear(B, T, s, device, name))
     except (RuntimeError, ValueError) as error:  # e.g. out of memory: recorded, the run goes on
         row["error"] = f"{type(error).__name__}: {error}"[:500]
     if device.type == "cuda":
@@ -243,21 +275,30 @@ def measure(name: str, B: int, T: int, s: DecodeSetting, device) -> dict:
 
 
 def goals(rows: list[dict], s: DecodeSetting) -> dict:
-    """The results read against the goals (module docstring); ``None`` where a number is missing."""
+    """The results read against the goals (module docstring); ``None`` where a number is missing. The goal
+    against Mamba-2 is read for the ``loglinear`` row and, under ``variants_within_2x_mamba2``, for every
+    kernel variant measured."""
     times = {(r["name"], r["batch"], r["context"]): r.get("step_ms") for r in rows}
     cells = sorted({(r["batch"], r["context"]) for r in rows})
-    within, faster = {}, {}
+
+    def within_2x(name):
+        def read(ours, mamba):
+            return None if ours is None or mamba is None else {"ratio": ours / mamba, "met": ours <= 2 * mamba}
+
+        return {f"B={B},T={T}": read(times.get((name, B, T)), times.get(("mamba2", B, T))) for B, T in cells}
+
+    faster = {}
     for B, T in cells:
-        ours, mamba, attention = (times.get((n, B, T)) for n in ("loglinear", "mamba2", "attention"))
-        key = f"B={B},T={T}"
-        within[key] = None if ours is None or mamba is None else {"ratio": ours / mamba, "met": ours <= 2 * mamba}
+        ours, attention = times.get(("loglinear", B, T)), times.get(("attention", B, T))
         if T >= 16384:
-            faster[key] = None if ours is None or attention is None else {
+            faster[f"B={B},T={T}"] = None if ours is None or attention is None else {
                 "ratio": ours / attention, "met": ours < attention}
+    measured = {r["name"] for r in rows}
     states = {f"B={r['batch']}": r.get("states_per_head") for r in rows
               if r["name"] == "loglinear" and r["context"] == 2**20}
     return {
-        "loglinear_within_2x_mamba2": within,
+        "loglinear_within_2x_mamba2": within_2x("loglinear"),
+        "variants_within_2x_mamba2": {name: within_2x(name) for name in KERNEL_VARIANTS if name in measured},
         "loglinear_faster_than_kv_cache_from_16k": faster,
         "loglinear_states_per_head_at_1M": {"measured": states, "bound": 21, "num_levels(2^20)": num_levels(2**20)},
     }
@@ -265,11 +306,11 @@ def goals(rows: list[dict], s: DecodeSetting) -> dict:
 
 def table(rows: list[dict]) -> str:
     """A text table: step ms and state MiB per implementation, batch and context."""
-    lines = [f"{'name':16s} {'B':>4s} {'T':>8s} {'step ms':>9s} {'state MiB':>10s}"]
+    lines = [f"{'name':24s} {'B':>4s} {'T':>8s} {'step ms':>9s} {'state MiB':>10s}"]
     for r in rows:
         ms = f"{r['step_ms']:.4f}" if "step_ms" in r else r.get("skipped", r.get("error", ""))[:40]
         mib = f"{r['state_bytes'] / 2**20:.3f}" if "state_bytes" in r else "-"
-        lines.append(f"{r['name']:16s} {r['batch']:4d} {r['context']:8d} {ms:>9s} {mib:>10s}")
+        lines.append(f"{r['name']:24s} {r['batch']:4d} {r['context']:8d} {ms:>9s} {mib:>10s}")
     return "\n".join(lines)
 
 
@@ -279,13 +320,16 @@ def main(argv=None) -> dict:
     parser.add_argument("--contexts", type=int, nargs="*", help="contexts T (default: the tier's)")
     parser.add_argument("--batches", type=int, nargs="*", help="batch sizes (default: the tier's)")
     parser.add_argument("--only", nargs="*", choices=IMPLEMENTATIONS, help="implementations to run")
+    parser.add_argument("--block-v", type=int, nargs="*", help="V-tiles of the Triton steps (default: the tier's)")
+    parser.add_argument("--num-warps", type=int, nargs="*", help="warps of the Triton steps (default: each kernel's own)")
     parser.add_argument("--memory-limit", type=float, help="GiB a KV cache may take (default 140)")
     parser.add_argument("--out", type=Path, help=f"results JSON (default {DEFAULT_RESULTS}/decode_<device>.json)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
 
     s = GPU if args.tier == "gpu" else CPU
-    s = replace(s, contexts=tuple(args.contexts or s.contexts), batches=tuple(args.batches or s.batches))
+    s = replace(s, contexts=tuple(args.contexts or s.contexts), batches=tuple(args.batches or s.batches),
+                block_v=tuple(args.block_v or s.block_v), num_warps=tuple(args.num_warps or s.num_warps))
     if args.memory_limit is not None:
         s = replace(s, memory_limit_gib=args.memory_limit)
     device = torch.device("cuda" if args.tier == "gpu" else "cpu")
