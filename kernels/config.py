@@ -128,8 +128,8 @@ DELTA_PRECISIONS = ("fast", "exact")
 """How the delta-rule kernels (steps 6-9) multiply fp32 blocks in 16-bit calls (``DeltaLaunchConfig.precision``):
 ``"fast"`` in tf32, ``"exact"`` in tf32x3 (about fp32 accuracy). Every intermediate they store (the WY factors,
 the level states and their gradients) is fp32 in both; the ``C × C`` triangular solve always runs in tf32x3.
-fp32 and fp64 calls multiply exactly (``"ieee"``), except in the per-chunk backward, where fp32 calls multiply in
-tf32x3 (:func:`chunk_backward_precision`)."""
+fp32 calls multiply exactly (``"ieee"``) in the level walks and the output, and in tf32x3 in the two per-chunk
+kernels (the WY factors and their backward, :func:`chunk_precision`); fp64 calls multiply exactly everywhere."""
 
 def key_tiles(K: int, widest: int = MAX_BLOCK) -> tuple[int, int]:
     """``(BK1, BK2)``: the key dimension as a first tile of at most ``widest`` columns and a second tile for
@@ -140,14 +140,18 @@ def key_tiles(K: int, widest: int = MAX_BLOCK) -> tuple[int, int]:
 
 def solve_precision(dtype: torch.dtype) -> str:
     """``tl.dot`` precision of the ``C × C`` products of the WY form (the triangular solve and its
-    backward): exact for fp32/fp64, tf32x3 for 16-bit calls (a small cost: they do not grow with K or V)."""
-    return "ieee" if dtype in (torch.float32, torch.float64) else "tf32x3"
+    backward): tf32x3 (about fp32 accuracy; a small cost: they do not grow with K or V), exact for fp64.
+    fp32 calls too take tf32x3: exact fp32 products are unrolled multiply-adds, and the solve's ``C / 16 + 16``
+    products alone, exact, make the factors' kernel (step 6) take 3.5 times longer to compile."""
+    return "ieee" if dtype == torch.float64 else "tf32x3"
 
 
-def chunk_backward_precision(dtype: torch.dtype, precision: str = "fast") -> str:
-    """``tl.dot`` precision of the delta rule's per-chunk backward kernel: as :func:`dot_precision`, except that
-    fp32 calls multiply in tf32x3 (about fp32 accuracy), not ``"ieee"``: with exact fp32 dots this kernel, the
-    largest of the ladder, takes ptxas minutes to compile."""
+def chunk_precision(dtype: torch.dtype, precision: str = "fast") -> str:
+    """``tl.dot`` precision of the delta rule's two per-chunk kernels (the WY factors, step 6, and their
+    backward, step 8): as :func:`dot_precision`, except that fp32 calls multiply in tf32x3 (about fp32 accuracy)
+    rather than exactly. Exact fp32 products run as unrolled multiply-adds on the CUDA cores: these kernels,
+    the largest of the ladder, then take ptxas minutes to compile (the factors at ``K = 192``, ``V = 384``:
+    40 times as long as in tf32x3)."""
     return "tf32x3" if dtype == torch.float32 else dot_precision(dtype, precision)
 
 

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .config import DeltaLaunchConfig, accumulator_dtype, dot_precision, head_block, key_tiles, solve_precision
+from .config import DeltaLaunchConfig, accumulator_dtype, chunk_precision, head_block, key_tiles, solve_precision
 from .tiles import decay_matrix, load_tile
 
 
@@ -182,7 +182,7 @@ def delta_chunks(q, k, v, beta, log_decay, chunk_size: int = 64,
     delta_chunk_kernel[(N, H, B)](
         q, k, v, beta_c, gc, out.t_beta, out.intra, out.w, out.query, out.u, T, N, H, K, V,
         q.stride(0), q.stride(1), 0 if Hk == 1 else q.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        C=chunk_size, BK1=BK1, BK2=BK2, BV=BV, NV=NV, IP=dot_precision(q.dtype, config.precision),
+        C=chunk_size, BK1=BK1, BK2=BK2, BV=BV, NV=NV, IP=chunk_precision(q.dtype, config.precision),
         IPS=solve_precision(q.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out

@@ -40,8 +40,8 @@ import triton
 import triton.language as tl
 
 from ..fenwick import num_chunk_levels
-from .config import (DeltaLaunchConfig, accumulator_dtype, chunk_backward_precision, dot_precision, key_tiles,
-                     level_block)
+from .config import (DeltaLaunchConfig, accumulator_dtype, chunk_precision, dot_precision, key_tiles, level_block,
+                     solve_precision)
 from .inputs import reverse_cumsum
 from .step6_delta_chunks import DeltaChunks, key_tile_products, load_rows, store_rows, value_tiles
 from .step7_delta_levels import first_slots, load_transition, walk_table
@@ -245,15 +245,18 @@ def wy_key_tile(q, k, cols, dquery_ptr, dw_ptr, dkt_ptr, w_ptr, rows, KP, t_beta
 
 
 @triton.jit
-def store_qk_grads(dq_ptr, dk_ptr, stride_t, t, T, cols, width, q, k, dquery, dkt, d_kb, d_qk, d_keys, gamma, write,
-                   ratio, IP: tl.constexpr):
+def store_qk_grads(q_ptr, k_ptr, stride_in, dq_ptr, dk_ptr, stride_t, t, T, cols, width, dquery, dkt, d_kb, d_qk,
+                   d_keys, gamma, write, ratio, IP: tl.constexpr):
     """dq and dk of one key tile, stored at columns ``cols`` (``width`` valid): ``dq = diag(γ) dquery + dQK K``,
     ``dk = diag(βγ) dKb + diag(γ_C / γ) dK̃ + dKK K + dQKᵀ Q`` (``dQK``, ``dKK`` the gradients of ``Q Kᵀ``,
-    ``K Kᵀ``)."""
-    k = k.to(dquery.dtype)
+    ``K Kᵀ``). The tile's q and k are read again here (row stride ``stride_in``) rather than kept from the
+    kernel's start: a kept tile stays in shared memory, as a product's operand, through the whole WY backward
+    (four ``[C, 128]`` fp32 tiles are 128 KiB at ``K = 256``)."""
+    q = load_tile(q_ptr, stride_in, t, T, cols, width).to(dquery.dtype)
+    k = load_tile(k_ptr, stride_in, t, T, cols, width).to(dquery.dtype)
     dq = dquery * gamma[:, None] + tl.dot(d_qk, k, input_precision=IP)
     dk = (d_kb * write[:, None] + dkt * ratio[:, None] + tl.dot(d_keys, k, input_precision=IP)
-          + tl.dot(tl.trans(d_qk), q.to(dquery.dtype), input_precision=IP))
+          + tl.dot(tl.trans(d_qk), q, input_precision=IP))
     store_tile(dq_ptr, stride_t, t, T, cols, width, dq)
     store_tile(dk_ptr, stride_t, t, T, cols, width, dk)
 
@@ -358,11 +361,11 @@ def delta_chunk_bwd_kernel(
     d_keys = d_kk + tl.trans(d_kk)
     dq_ptr += i_b.to(tl.int64) * T * H * K + i_h * K
     dk_ptr += i_b.to(tl.int64) * T * H * K + i_h * K
-    store_qk_grads(dq_ptr, dk_ptr, H * K, t, T, r1, K, q1, k1, dquery1, dkt1, d_kb1, d_qk, d_keys, gamma, write, ratio,
-                   IP)
+    store_qk_grads(q_ptr, k_ptr, sqt, dq_ptr, dk_ptr, H * K, t, T, r1, K, dquery1, dkt1, d_kb1, d_qk, d_keys, gamma,
+                   write, ratio, IP)
     if BK2 > 0:
-        store_qk_grads(dq_ptr + BK1, dk_ptr + BK1, H * K, t, T, r2, K - BK1, q2, k2, dquery2, dkt2, d_kb2, d_qk, d_keys,
-                       gamma, write, ratio, IP)
+        store_qk_grads(q_ptr + BK1, k_ptr + BK1, sqt, dq_ptr + BK1, dk_ptr + BK1, H * K, t, T, r2, K - BK1, dquery2,
+                       dkt2, d_kb2, d_qk, d_keys, gamma, write, ratio, IP)
 
 
 def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states, do, chunk_size: int = 64,
@@ -422,8 +425,8 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
         q.stride(0), q.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2), *lam_strides, *do_strides,
         dv.stride(0), dv.stride(1), dv.stride(2), *dlam_strides,
         C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BV=BV, NV=NV, BL=level_block(T, chunk_size),
-        IP=chunk_backward_precision(q.dtype, config.precision),
-        IPS=chunk_backward_precision(q.dtype, "exact"), num_warps=config.num_warps, num_stages=config.num_stages,
+        IP=chunk_precision(q.dtype, config.precision),
+        IPS=solve_precision(q.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if Hk == 1:
         dq, dk = dq.sum(2, keepdim=True), dk.sum(2, keepdim=True)

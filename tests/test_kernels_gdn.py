@@ -169,6 +169,37 @@ def test_float64_is_exact():
     assert_close(out, le.loglinear_attention(q, k, v, lam, g, beta, form="naive"), rtol=1e-12, what="fp64")
 
 
+@pytest.mark.parametrize("dtype, allowed", [(torch.float32, {"ieee", "tf32x3"}), (torch.float64, {"ieee"})])
+def test_fp32_and_fp64_products_are_never_rounded_to_tf32(monkeypatch, dtype, allowed):
+    """The precision every kernel of a forward and backward is launched with (the interpreter multiplies
+    exactly whatever it is told, so only the launch arguments show it): fp32 calls only exact or tf32x3
+    products (plain tf32 would miss fp32's bound by two orders of magnitude), fp64 calls only exact ones."""
+    from loglin_edu.kernels import step6_delta_chunks, step7_delta_levels, step8_delta_backward
+
+    launched = []
+
+    class Recorded:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launched.append((self.name, kwargs["IP"], kwargs.get("IPS", kwargs["IP"])))
+                return self.kernel[grid](*args, **kwargs)
+            return launch
+
+    names = {step6_delta_chunks: ["delta_chunk_kernel"],
+             step7_delta_levels: ["level_walk_kernel", "delta_output_kernel"],
+             step8_delta_backward: ["level_walk_bwd_kernel", "level_grad_kernel", "delta_chunk_bwd_kernel"]}
+    for module in names:
+        for name in names[module]:
+            monkeypatch.setattr(module, name, Recorded(name, getattr(module, name)))
+    q, k, v, lam, g, beta = (x.to(dtype).requires_grad_(True) for x in inputs(1, 40, 2, 2, 20, 8))
+    kernels.loglinear_gated_deltanet(q, k, v, lam, g, beta, chunk_size=16, config=SMALL_TILES).sum().backward()
+    assert {name for name, *_ in launched} == {name for module in names for name in names[module]}
+    assert {p for _, *precisions in launched for p in precisions} <= allowed, launched
+
+
 def test_fp16_inputs_match_float64_of_the_same_rounded_inputs():
     """fp16 through the whole Function (16-bit products of q, k, v; fp32 factors and states): o and every
     gradient within fp16's rounding of the float64 result on the same inputs."""

@@ -1,5 +1,6 @@
-"""The log-linear Gated DeltaNet kernels compiled on a GPU (``pytest -m gpu``): fp32 (exact dots), fp16 and bf16
-against float64, up to T = 65,536. The float64 reference is the package's chunkwise form, run on the GPU.
+"""The log-linear Gated DeltaNet kernels compiled on a GPU (``pytest -m gpu``): fp32 (exact products, tf32x3 in the
+per-chunk kernels), fp16 and bf16 against float64, up to T = 65,536. The float64 reference is the package's
+chunkwise form, run on the GPU.
 
 With ``LOGLIN_RECORD_ERRORS=path.json`` the measured errors are written there (book/results keeps them).
 """
