@@ -113,6 +113,39 @@ def lazy_level(state, scale, carried, written, lvl, into, cleared, decay):
 
 
 @triton.jit
+def program_start(levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V,
+                  s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh,
+                  HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """What every decode program of grid ``(V / BV, H, B)`` starts from: its block ``(i_v, i_h, i_b)``, key rows
+    ``rk [BK]`` and value columns ``rv [BV]``, the sequence's position ``t``, the token's ``q, k [BK]`` and
+    ``v [BV]`` in fp32, ``exp(g)``, its head's levels, the offsets ``[BK, BV]`` of its tile in a level, and its
+    head's row of ``λ``."""
+    i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rk = tl.arange(0, BK)
+    rv = i_v * BV + tl.arange(0, BV)
+    t = tl.load(position_ptr + i_b).to(tl.int64)
+    q, k, v = load_token(q_ptr, k_ptr, v_ptr, i_b, i_h, sqb, sqh, svb, svh, rk, rv, K, V)
+    decay = token_decay(g_ptr, i_b, i_h, sgb, sgh, HAS_DECAY)
+    base = levels_ptr + i_b.to(tl.int64) * s_lb + i_h.to(tl.int64) * s_lh
+    tile = rk[:, None].to(tl.int64) * s_lk + rv[None, :]
+    lam_row = lam_ptr + i_b.to(tl.int64) * s_lam_b + i_h * s_lam_h
+    return i_v, i_h, i_b, rk, rv, t, q, k, v, decay, base, tile, lam_row
+
+
+@triton.jit
+def store_scale(scale_ptr, scale, rv, V, live, BV: tl.constexpr):
+    """A level's scale (a scalar) into the program's ``BV`` columns ``rv`` of its row at ``scale_ptr`` (the
+    program's first column), when the level is ``live`` before or after the step."""
+    tl.store(scale_ptr + tl.arange(0, BV), scale + tl.zeros((BV,), tl.float32), mask=rv < tl.where(live, V, 0))
+
+
+@triton.jit
+def store_output(o_ptr, out, i_b, i_h, sob, soh, rv, V):
+    """The token's output ``out [BV]`` of batch ``i_b`` and head ``i_h`` at columns ``rv``, in o's dtype."""
+    tl.store(o_ptr + i_b.to(tl.int64) * sob + i_h * soh + rv, out.to(o_ptr.dtype.element_ty), mask=rv < V)
+
+
+@triton.jit
 def fenwick_decode_kernel(
     levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, o_ptr,
     H, K, V, L,
@@ -122,16 +155,10 @@ def fenwick_decode_kernel(
     """The ``"loop"`` schedule, eager layout. Grid ``(V / BV, H, B)``. levels: [B, H, L, K, V] (V contiguous);
     q, k: [B, H or 1, K] (head stride 0 when shared); v, o: [B, H, V]; lam: [B, H, >= L]; g: [B, H]; position:
     [B] int64."""
-    i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rk = tl.arange(0, BK)
-    rv = i_v * BV + tl.arange(0, BV)
-    t = tl.load(position_ptr + i_b).to(tl.int64)
-    q, k, v = load_token(q_ptr, k_ptr, v_ptr, i_b, i_h, sqb, sqh, svb, svh, rk, rv, K, V)
-    decay = token_decay(g_ptr, i_b, i_h, sgb, sgh, HAS_DECAY)
+    i_v, i_h, i_b, rk, rv, t, q, k, v, decay, base, tile, lam_row = program_start(
+        levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V,
+        s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, HAS_DECAY, BK, BV)
     written = k[:, None] * v[None, :]
-    base = levels_ptr + i_b.to(tl.int64) * s_lb + i_h.to(tl.int64) * s_lh
-    tile = rk[:, None].to(tl.int64) * s_lk + rv[None, :]
-    lam_row = lam_ptr + i_b.to(tl.int64) * s_lam_b + i_h * s_lam_h
     carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m <= l} S^(m) before the step
     out = tl.zeros((BV,), dtype=tl.float32)
     for i_l in range(L):
@@ -142,7 +169,7 @@ def fenwick_decode_kernel(
         state, carried = eager_level(state, carried, written, lvl, into, cleared, decay)
         tl.store(ptrs, state, mask=tile_mask(rk, rv, live_before | live_after, K, V))
         out += tl.load(lam_row + i_l).to(tl.float32) * tl.sum(q[:, None] * state, 0)
-    tl.store(o_ptr + i_b.to(tl.int64) * sob + i_h * soh + rv, out.to(o_ptr.dtype.element_ty), mask=rv < V)
+    store_output(o_ptr, out, i_b, i_h, sob, soh, rv, V)
 
 
 @triton.jit
@@ -153,15 +180,9 @@ def fenwick_decode_unrolled_kernel(
     HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     """The ``"unrolled"`` schedule, eager layout: arguments as :func:`fenwick_decode_kernel`, ``L`` a constant."""
-    i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rk = tl.arange(0, BK)
-    rv = i_v * BV + tl.arange(0, BV)
-    t = tl.load(position_ptr + i_b).to(tl.int64)
-    q, k, v = load_token(q_ptr, k_ptr, v_ptr, i_b, i_h, sqb, sqh, svb, svh, rk, rv, K, V)
-    decay = token_decay(g_ptr, i_b, i_h, sgb, sgh, HAS_DECAY)
-    base = levels_ptr + i_b.to(tl.int64) * s_lb + i_h.to(tl.int64) * s_lh
-    tile = rk[:, None].to(tl.int64) * s_lk + rv[None, :]
-    lam_row = lam_ptr + i_b.to(tl.int64) * s_lam_b + i_h * s_lam_h
+    i_v, i_h, i_b, rk, rv, t, q, k, v, decay, base, tile, lam_row = program_start(
+        levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V,
+        s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, HAS_DECAY, BK, BV)
     states, lams = (), ()
     for i_l in tl.static_range(L):  # every load issued before any is used: no store stands between them
         live_before, _, _, _ = level_flags(t, tl.full((), i_l, tl.int64))
@@ -177,7 +198,7 @@ def fenwick_decode_unrolled_kernel(
         tl.store(base + i_l * s_ll + tile, state, mask=tile_mask(rk, rv, live_before | live_after, K, V))
         weighted += lams[i_l] * state
     out = tl.sum(q[:, None] * weighted, 0)
-    tl.store(o_ptr + i_b.to(tl.int64) * sob + i_h * soh + rv, out.to(o_ptr.dtype.element_ty), mask=rv < V)
+    store_output(o_ptr, out, i_b, i_h, sob, soh, rv, V)
 
 
 @triton.jit
@@ -190,18 +211,11 @@ def lazy_decode_kernel(
     """The ``"loop"`` schedule, lazy layout: arguments as :func:`fenwick_decode_kernel` and scales: [B, H, L, V]
     fp32 (V contiguous), updated in place. A level's scale is the same in every column: a program reads it from
     its first column and writes it to all of its columns, which no other program reads or writes."""
-    i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rk = tl.arange(0, BK)
-    rv = i_v * BV + tl.arange(0, BV)
-    t = tl.load(position_ptr + i_b).to(tl.int64)
-    q, k, v = load_token(q_ptr, k_ptr, v_ptr, i_b, i_h, sqb, sqh, svb, svh, rk, rv, K, V)
-    decay = token_decay(g_ptr, i_b, i_h, sgb, sgh, HAS_DECAY)
+    i_v, i_h, i_b, rk, rv, t, q, k, v, decay, base, tile, lam_row = program_start(
+        levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V,
+        s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, HAS_DECAY, BK, BV)
     written = k[:, None] * v[None, :]
-    base = levels_ptr + i_b.to(tl.int64) * s_lb + i_h.to(tl.int64) * s_lh
-    tile = rk[:, None].to(tl.int64) * s_lk + rv[None, :]
     scale_row = scales_ptr + i_b.to(tl.int64) * s_cb + i_h.to(tl.int64) * s_ch + i_v * BV  # the first column
-    columns = tl.arange(0, BV)
-    lam_row = lam_ptr + i_b.to(tl.int64) * s_lam_b + i_h * s_lam_h
     carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m <= l} c^(m) stored^(m) before the step
     weighted = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_l λ_l c^(l) stored^(l) after the step
     for i_l in range(L):
@@ -212,11 +226,10 @@ def lazy_decode_kernel(
         scale = tl.load(scale_row + i_l * s_cl, mask=live_before, other=0.0)
         state, scale, carried = lazy_level(state, scale, carried, written, lvl, into, cleared, decay)
         tl.store(ptrs, state, mask=tile_mask(rk, rv, into | (lvl == 0), K, V))
-        tl.store(scale_row + i_l * s_cl + columns, scale + tl.zeros((BV,), tl.float32),
-                 mask=rv < tl.where(live_before | live_after, V, 0))
+        store_scale(scale_row + i_l * s_cl, scale, rv, V, live_before | live_after, BV)
         weighted += tl.load(lam_row + i_l).to(tl.float32) * scale * state
     out = tl.sum(q[:, None] * weighted, 0)
-    tl.store(o_ptr + i_b.to(tl.int64) * sob + i_h * soh + rv, out.to(o_ptr.dtype.element_ty), mask=rv < V)
+    store_output(o_ptr, out, i_b, i_h, sob, soh, rv, V)
 
 
 @triton.jit
@@ -227,17 +240,10 @@ def lazy_decode_unrolled_kernel(
     HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     """The ``"unrolled"`` schedule, lazy layout: arguments as :func:`lazy_decode_kernel`, ``L`` a constant."""
-    i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rk = tl.arange(0, BK)
-    rv = i_v * BV + tl.arange(0, BV)
-    t = tl.load(position_ptr + i_b).to(tl.int64)
-    q, k, v = load_token(q_ptr, k_ptr, v_ptr, i_b, i_h, sqb, sqh, svb, svh, rk, rv, K, V)
-    decay = token_decay(g_ptr, i_b, i_h, sgb, sgh, HAS_DECAY)
-    base = levels_ptr + i_b.to(tl.int64) * s_lb + i_h.to(tl.int64) * s_lh
-    tile = rk[:, None].to(tl.int64) * s_lk + rv[None, :]
+    i_v, i_h, i_b, rk, rv, t, q, k, v, decay, base, tile, lam_row = program_start(
+        levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V,
+        s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, HAS_DECAY, BK, BV)
     scale_row = scales_ptr + i_b.to(tl.int64) * s_cb + i_h.to(tl.int64) * s_ch + i_v * BV  # the first column
-    columns = tl.arange(0, BV)
-    lam_row = lam_ptr + i_b.to(tl.int64) * s_lam_b + i_h * s_lam_h
     states, scales, lams = (), (), ()
     for i_l in tl.static_range(L):  # every load issued before any is used: no store stands between them
         live_before, _, _, _ = level_flags(t, tl.full((), i_l, tl.int64))
@@ -252,11 +258,10 @@ def lazy_decode_unrolled_kernel(
         live_before, live_after, into, cleared = level_flags(t, lvl)
         state, scale, carried = lazy_level(states[i_l], scales[i_l], carried, written, lvl, into, cleared, decay)
         tl.store(base + i_l * s_ll + tile, state, mask=tile_mask(rk, rv, into | (lvl == 0), K, V))
-        tl.store(scale_row + i_l * s_cl + columns, scale + tl.zeros((BV,), tl.float32),
-                 mask=rv < tl.where(live_before | live_after, V, 0))
+        store_scale(scale_row + i_l * s_cl, scale, rv, V, live_before | live_after, BV)
         weighted += lams[i_l] * scale * state
     out = tl.sum(q[:, None] * weighted, 0)
-    tl.store(o_ptr + i_b.to(tl.int64) * sob + i_h * soh + rv, out.to(o_ptr.dtype.element_ty), mask=rv < V)
+    store_output(o_ptr, out, i_b, i_h, sob, soh, rv, V)
 
 
 SCHEDULES = ("loop", "unrolled")
@@ -376,7 +381,7 @@ def mamba2_decode_kernel(
     state += k[:, None] * v[None, :]
     tl.store(ptrs, state, mask=tile_mask)
     out = tl.sum(q[:, None] * state, 0)
-    tl.store(o_ptr + i_b.to(tl.int64) * sob + i_h * soh + rv, out.to(o_ptr.dtype.element_ty), mask=rv < V)
+    store_output(o_ptr, out, i_b, i_h, sob, soh, rv, V)
 
 
 def mamba2_decode_step_(
