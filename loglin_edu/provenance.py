@@ -75,11 +75,19 @@ def provenance(command: str | None = None, device: torch.device | str = "cpu") -
                 device=device_name(device), versions=library_versions())
 
 
+def temporary_path(path: str | Path) -> Path:
+    """A temporary file beside ``path`` for an atomic write (write it, then ``os.replace`` it onto ``path``), named
+    for this process: processes that write the same file at once (jobs of one run folder on several GPUs, say)
+    never write into one temporary file, so the file a reader finds is always one process's whole write."""
+    path = Path(path)
+    return path.with_name(f"{path.name}.{os.getpid()}.tmp")
+
+
 def write_json(path: str | Path, obj: Any) -> Path:
     """Write ``obj`` as JSON through a temporary file and a rename: a reader never sees half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = temporary_path(path)
     tmp.write_text(json.dumps(obj, indent=1))
     os.replace(tmp, path)
     return path

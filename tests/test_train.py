@@ -4,6 +4,7 @@ the schedule and the experiment CLI do what they say."""
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -129,6 +130,29 @@ def test_save_is_atomic(tmp_path):
     path = tmp_path / "x.pt"
     save_atomic({"a": torch.ones(2)}, path)
     assert torch.equal(torch.load(path)["a"], torch.ones(2)) and not list(tmp_path.glob("*.tmp"))
+
+
+def test_atomic_writes_of_two_processes_never_share_a_temporary_file(tmp_path, monkeypatch):
+    """Jobs on several GPUs may write the same file (a run folder's data cache) at once: each process writes its
+    own temporary file, so the rename always puts one process's whole write in place."""
+    import os
+    import subprocess
+    import sys
+
+    from loglin_edu.data.tokenizer import write_text_atomic
+    from loglin_edu.provenance import temporary_path, write_json
+
+    renamed = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: renamed.append(Path(src)) or real_replace(src, dst))
+    save_atomic({"a": torch.ones(2)}, tmp_path / "x.pt")
+    write_json(tmp_path / "x.json", {"a": 1})
+    write_text_atomic(tmp_path / "x.txt", "a")
+    assert len(renamed) == 3 and all(str(os.getpid()) in p.name for p in renamed)
+    other = subprocess.run([sys.executable, "-c", "from loglin_edu.provenance import temporary_path; "
+                            f"print(temporary_path({str(tmp_path / 'x.pt')!r}))"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(other) != temporary_path(tmp_path / "x.pt") and Path(other).parent == tmp_path
 
 
 def test_batch_size_must_split_over_the_sets():

@@ -31,6 +31,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..provenance import temporary_path
 from .corpus import Document
 from .tokenizer import Tokenizer, write_text_atomic
 
@@ -79,7 +80,8 @@ def build_stream(documents: Sequence[Document], tokenizer: Tokenizer, path: str 
         raise ValueError(f"a tokenizer of {tokenizer.vocab_size} tokens does not fit uint16 ids (at most 65536)")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    bin_path, tmp = path.with_suffix(".bin"), path.with_suffix(f".bin.{os.getpid()}.tmp")
+    bin_path = path.with_suffix(".bin")
+    tmp = temporary_path(bin_path)
     starts, total = [], 0
     with tmp.open("wb") as f:
         for i in range(0, len(documents), batch):

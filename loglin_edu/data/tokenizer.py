@@ -21,6 +21,8 @@ import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from ..provenance import temporary_path
+
 EOS = "<|endoftext|>"
 
 
@@ -129,6 +131,6 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 def write_text_atomic(path: Path, text: str) -> None:
     """Write to a temporary file, then rename: a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp = temporary_path(path)
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)

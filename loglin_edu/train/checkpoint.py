@@ -13,11 +13,13 @@ from typing import Any
 
 import torch
 
+from ..provenance import temporary_path
+
 
 def save_atomic(obj: Any, path: str | Path) -> None:
     """``torch.save`` to a temporary file, then rename: a reader never sees a half-written checkpoint."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = temporary_path(path)
     torch.save(obj, tmp)
     os.replace(tmp, path)
 

@@ -3,6 +3,10 @@
     python -m loglin_edu.experiments.mqar --tier cpu                                       # the CPU tier
     python -m loglin_edu.experiments.mqar --tier gpu --task mqar --budget-s 540 --out runs/recall   # one piece
     python -m loglin_edu.experiments.mqar --tier gpu --task mqar --merge --out runs/recall --results book/results
+
+    # two GPUs of one host: one piece each (disjoint --models), one --out, the same fixed --steps for all
+    CUDA_VISIBLE_DEVICES=0 python -m loglin_edu.experiments.mqar --tier gpu --models transformer,mamba2 ... &
+    CUDA_VISIBLE_DEVICES=1 python -m loglin_edu.experiments.mqar --tier gpu --models loglinear_mamba2 ... &
 """
 
 from __future__ import annotations

@@ -18,6 +18,11 @@ warm-up, whose schedule does not depend on the total), and the piece gives every
 — the jobs share one device, so a step of all of them costs about the sum of their step times. The plan is kept
 in the job's folder: a later piece on the same folder continues toward the same total. A job killed at any
 moment loses at most the steps since its last evaluation (its record, log and checkpoint are written there).
+
+On a host of several GPUs, one piece per GPU shares one run folder: each piece names its own models
+(``CUDA_VISIBLE_DEVICES=i ... --models A,B``), all write into the same ``out`` (the data cache is written
+atomically, so pieces that make it at once leave one whole file), and one ``--merge`` reads every job. Give the
+pieces a fixed ``--steps`` when a comparison needs the same total for every model: each piece plans only its own jobs.
 """
 
 from __future__ import annotations
