@@ -3,6 +3,9 @@ the schedule and the experiment CLI do what they say."""
 
 import json
 import math
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,10 +13,12 @@ import pytest
 import torch
 
 from loglin_edu.data import lagged_recall, mqar
+from loglin_edu.data.tokenizer import write_text_atomic
 from loglin_edu.experiments import mqar as experiment
 from loglin_edu.experiments.mqar.__main__ import main as experiment_main
 from loglin_edu.experiments.mqar.jobs import tier_from_dict, tier_to_dict
 from loglin_edu.layers import ModelConfig
+from loglin_edu.provenance import temporary_path, write_json
 from loglin_edu.train import Member, TrainConfig, lr_factor, save_atomic, train
 
 TRAIN = [mqar(64, 16, 2, 32, seed=1), mqar(64, 16, 4, 32, seed=2)]
@@ -135,20 +140,14 @@ def test_save_is_atomic(tmp_path):
 def test_atomic_writes_of_two_processes_never_share_a_temporary_file(tmp_path, monkeypatch):
     """Jobs on several GPUs may write the same file (a run folder's data cache) at once: each process writes its
     own temporary file, so the rename always puts one process's whole write in place."""
-    import os
-    import subprocess
-    import sys
-
-    from loglin_edu.data.tokenizer import write_text_atomic
-    from loglin_edu.provenance import temporary_path, write_json
-
     renamed = []
     real_replace = os.replace
-    monkeypatch.setattr(os, "replace", lambda src, dst: renamed.append(Path(src)) or real_replace(src, dst))
+    monkeypatch.setattr(os, "replace", lambda src, dst: renamed.append((Path(src), Path(dst))) or real_replace(src, dst))
     save_atomic({"a": torch.ones(2)}, tmp_path / "x.pt")
     write_json(tmp_path / "x.json", {"a": 1})
     write_text_atomic(tmp_path / "x.txt", "a")
-    assert len(renamed) == 3 and all(str(os.getpid()) in p.name for p in renamed)
+    assert [dst.name for _, dst in renamed] == ["x.pt", "x.json", "x.txt"]
+    assert all(src == dst.with_name(f"{dst.name}.{os.getpid()}.tmp") for src, dst in renamed)
     other = subprocess.run([sys.executable, "-c", "from loglin_edu.provenance import temporary_path; "
                             f"print(temporary_path({str(tmp_path / 'x.pt')!r}))"],
                            capture_output=True, text=True, check=True).stdout.strip()
