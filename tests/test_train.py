@@ -414,3 +414,23 @@ def test_merge_keeps_the_tiers_merged_before(tmp_path, monkeypatch):
     merged = json.loads((tmp_path / "results" / cli.MERGED).read_text())
     assert merged["what"] == "y" and merged["tiers"] == {"gpu/lagged": dict(tier="gpu/lagged", old=True),
                                                         "gpu/mqar": dict(old=False)}
+
+
+def test_a_merge_names_the_machine_the_jobs_trained_on(tmp_path):
+    """Each job records its device, commit and versions; a merge elsewhere keeps them as the tier's and names the
+    merging machine apart; fields the jobs disagree on fall back to the merging process's."""
+    from loglin_edu.experiments.mqar.report import results_record, training_machine
+    from loglin_edu.provenance import device_name
+
+    record = experiment.run_job(TINY, "transformer", 16, out_dir=tmp_path / "a", device="cpu", progress=False)
+    assert record["trained_on"]["device"] == device_name("cpu")
+    assert json.loads((tmp_path / "a" / "record.json").read_text())["trained_on"] == record["trained_on"]
+    elsewhere = dict(device="NVIDIA H200", commit="abc", versions={"torch": "2.11"})
+    jobs = [{**record, "trained_on": elsewhere}, {**record, "trained_on": {**elsewhere, "commit": "def"}}]
+    assert training_machine(jobs) == dict(device="NVIDIA H200", versions={"torch": "2.11"})
+    assert training_machine([*jobs, record | {"trained_on": None}]) == {}
+    merged = results_record("cpu", TINY, jobs, device="cpu", seconds=1.0, commit=None, command="merge")
+    assert merged["device"] == "NVIDIA H200" and merged["merged_on"] == device_name("cpu")
+    assert merged["versions"] == {"torch": "2.11"} and merged["commit"] not in ("abc", "def")
+    here = results_record("cpu", TINY, [record], device="cpu", seconds=1.0, commit=None, command="merge")
+    assert here["device"] == device_name("cpu") and "merged_on" not in here

@@ -37,7 +37,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from ...provenance import provenance, write_json
+from ...provenance import device_name, git_commit, library_versions, provenance, write_json
 from ...train import Member, TrainConfig, train
 from .report import results_record
 from .settings import TaskSpec, Tier, base_model, make_sets, model_config, state_size
@@ -77,11 +77,13 @@ def run_job(tier: Tier, model: str, width: int, *, out_dir: Path | None, device:
             sets=None, stop_at: int | None = None, deadline: float | None = None, data_cache: Path | None = None,
             planner=None) -> dict[str, Any]:
     """Train one ensemble (every seed and learning rate of ``tier``) of ``model`` at ``width``; with ``out_dir``
-    its results file ``record.json`` is rewritten after every evaluation."""
+    its results file ``record.json`` is rewritten after every evaluation. The record names the machine it trained
+    on (``trained_on``: device, commit, library versions), which a merge on another machine keeps."""
     train_sets, validation_sets, test_sets = sets if sets is not None else make_sets(tier.data, data_cache)
     members = [Member(seed, lr) for seed in tier.seeds for lr in tier.lrs]
     config = model_config(tier, model, width)
-    extra = dict(model_name=model, width=width, state_size=state_size(config))
+    extra = dict(model_name=model, width=width, state_size=state_size(config),
+                 trained_on=dict(device=device_name(device), commit=git_commit(), versions=library_versions()))
 
     def save(record: dict[str, Any]) -> None:
         write_json(out_dir / "record.json", {**record, **extra})

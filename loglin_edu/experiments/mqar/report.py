@@ -216,12 +216,29 @@ def verdicts(result: dict[str, Any]) -> list[dict[str, Any]] | None:
     return [verdict(result, *claim) for claim in claims(result)]
 
 
+def training_machine(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where a tier's jobs trained: each of ``device``, ``commit`` and ``versions`` that every job's record names
+    alike (``trained_on``); a field some job did not record, or that two jobs disagree on, is left out."""
+    machines = [r.get("trained_on") or {} for r in records]
+    common = {}
+    for field in ("device", "commit", "versions"):
+        values = [m.get(field) for m in machines]
+        if values and values[0] is not None and all(v == values[0] for v in values):
+            common[field] = values[0]
+    return common
+
+
 def results_record(name: str, tier: Tier, records: list[dict[str, Any]], *, device: str, seconds: float,
                    commit: str | None, command: str | None) -> dict[str, Any]:
     """The results file of one tier: setup, provenance, every job's record, the chosen-rate table (``best``, with
-    each job's ``complete``), the gate and the verdicts."""
+    each job's ``complete``), the gate and the verdicts. Device, commit and versions are those the jobs trained with
+    (:func:`training_machine`) where they agree, else this process's; ``merged_on`` names this machine when the
+    jobs trained on another."""
+    here = {**provenance(command, device), **({"commit": commit} if commit else {})}
+    trained = training_machine(records)
     result = dict(
-        tier=name, **{**provenance(command, device), **({"commit": commit} if commit else {})},
+        tier=name, **{**here, **trained},
+        **({"merged_on": here["device"]} if trained.get("device", here["device"]) != here["device"] else {}),
         seconds=round(seconds, 1), data=asdict(tier.data), train=tier.train.to_dict(), seeds=list(tier.seeds),
         lrs=list(tier.lrs), models=list(tier.models), widths=list(tier.widths), backend=tier.backend,
         transformer=dict(conv_size=tier.attention_conv, rope=tier.attention_rope), jobs=records,
