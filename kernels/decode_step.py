@@ -210,7 +210,9 @@ def lazy_decode_kernel(
 ):
     """The ``"loop"`` schedule, lazy layout: arguments as :func:`fenwick_decode_kernel` and scales: [B, H, L, V]
     fp32 (V contiguous), updated in place. A level's scale is the same in every column: a program reads it from
-    its first column and writes it to all of its columns, which no other program reads or writes."""
+    its first column and writes it to all of its columns, which no other program reads or writes. Every thread of
+    the program reads that first column, and some thread writes it in the same iteration: a barrier between the
+    read and the write keeps a slow thread from reading the level's new scale."""
     i_v, i_h, i_b, rk, rv, t, q, k, v, decay, base, tile, lam_row = program_start(
         levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V,
         s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, HAS_DECAY, BK, BV)
@@ -224,6 +226,7 @@ def lazy_decode_kernel(
         ptrs = base + i_l * s_ll + tile
         state = tl.load(ptrs, mask=tile_mask(rk, rv, live_before, K, V), other=0.0)
         scale = tl.load(scale_row + i_l * s_cl, mask=live_before, other=0.0)
+        tl.debug_barrier()  # every thread has read the level's scale before any thread overwrites it below
         state, scale, carried = lazy_level(state, scale, carried, written, lvl, into, cleared, decay)
         tl.store(ptrs, state, mask=tile_mask(rk, rv, into | (lvl == 0), K, V))
         store_scale(scale_row + i_l * s_cl, scale, rv, V, live_before | live_after, BV)
