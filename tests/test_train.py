@@ -434,3 +434,35 @@ def test_a_merge_names_the_machine_the_jobs_trained_on(tmp_path):
     assert merged["versions"] == {"torch": "2.11"} and merged["commit"] not in ("abc", "def")
     here = results_record("cpu", TINY, [record], device="cpu", seconds=1.0, commit=None, command="merge")
     assert here["device"] == device_name("cpu") and "merged_on" not in here
+
+
+def test_fixed_totals_are_written_once_and_kept(tmp_path):
+    """A piece given fixed totals writes each job's total into its plan; the same total again is accepted, and a job
+    planned for another total is refused (its learning-rate schedule depends on the total)."""
+    from loglin_edu.experiments.mqar.jobs import fix_totals, job_folder
+
+    todo = [("gpu/mqar", m, 16) for m in TINY.models]
+    for job in todo:
+        job_folder(tmp_path, job).mkdir(parents=True)
+    fix_totals({"gpu/mqar": TINY}, tmp_path, todo)
+    plans = [json.loads((job_folder(tmp_path, job) / "plan.json").read_text()) for job in todo]
+    assert [p["steps"] for p in plans] == [TINY.train.steps] * len(todo) and all(p["fixed"] for p in plans)
+    fix_totals({"gpu/mqar": TINY}, tmp_path, todo)
+    longer = replace(TINY, train=replace(TINY.train, steps=TINY.train.steps + 1))
+    with pytest.raises(ValueError, match=f"planned for {TINY.train.steps} steps"):
+        fix_totals({"gpu/mqar": longer}, tmp_path, todo)
+
+
+def test_the_command_line_fixes_totals_only_when_given_steps(tmp_path, monkeypatch):
+    """``--steps`` means a fixed total even with a budget (the budget then sets only the deadline)."""
+    from loglin_edu.experiments.mqar import __main__ as cli
+
+    calls = []
+    monkeypatch.setattr(cli, "run_piece", lambda tiers, out, device, **kw: calls.append((tiers, kw)) or [])
+    base = ["--tier", "gpu", "--task", "mqar", "--widths", "16", "--out", str(tmp_path), "--device", "cpu",
+            "--budget-s", "100"]
+    cli.main(base + ["--steps", "7000"])
+    cli.main(base)
+    (fixed_tiers, fixed), (_, planned) = calls
+    assert fixed["fixed"] and fixed_tiers["gpu/mqar"].train.steps == 7000 and fixed["budget_s"] == 100
+    assert not planned["fixed"]

@@ -4,6 +4,9 @@
     python -m loglin_edu.experiments.mqar --tier gpu --task mqar --budget-s 540 --out runs/recall   # one piece
     python -m loglin_edu.experiments.mqar --tier gpu --task mqar --merge --out runs/recall --results book/results
 
+    # a fixed total longer than one call: the same command again continues every job toward it
+    python -m loglin_edu.experiments.mqar --tier gpu --task mqar --steps 15000 --budget-s 540 --out runs/recall
+
     # two GPUs of one host: one piece each (disjoint --models), one --out, the same fixed --steps for all
     CUDA_VISIBLE_DEVICES=0 python -m loglin_edu.experiments.mqar --tier gpu --models transformer,mamba2 ... &
     CUDA_VISIBLE_DEVICES=1 python -m loglin_edu.experiments.mqar --tier gpu --models loglinear_mamba2 ... &
@@ -103,7 +106,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--widths", help="comma-separated model widths")
     parser.add_argument("--seeds", help="comma-separated seeds")
     parser.add_argument("--lrs", help="comma-separated peak learning rates")
-    parser.add_argument("--steps", type=int, help="total steps (fixed: no planning)")
+    parser.add_argument("--steps", type=int, help="total steps of every job (fixed: no planning, kept in each job's "
+                                                  "plan.json; with --budget-s a piece stops at its deadline and the "
+                                                  "next piece continues toward the same total)")
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--eval-every", type=int)
     parser.add_argument("--amp", action="store_true", help="bf16 autocast on CUDA (operators stay float32)")
@@ -157,7 +162,8 @@ def main(argv: list[str] | None = None) -> None:
         mode = mode_from(args.mode_from, args.budget_s, count)
         modes = {m: mode for t in tiers.values() for m in t.models}
         print(f"step mode of every job: {mode} (from {args.mode_from})", flush=True)
-    done = run_piece(tiers, args.out, device, budget_s=args.budget_s, modes=modes, jobs=args.jobs)
+    done = run_piece(tiers, args.out, device, budget_s=args.budget_s, modes=modes, jobs=args.jobs,
+                     fixed=args.steps is not None)
     print(f"{len(done)} jobs of {', '.join(slug(n) for n in tiers)} in {args.out}; merge with --merge", flush=True)
 
 

@@ -132,14 +132,33 @@ def plan_steps(timings: dict[Any, float], fixed_seconds: float, seconds_left: fl
     return max(floor, min(cap, fit // 10 * 10))
 
 
+def fix_totals(tiers: dict[str, Tier], out: Path, todo: list[tuple[str, str, int]]) -> None:
+    """Write each job's total, its tier's ``train.steps``, into the job's ``plan.json`` (a piece given fixed
+    totals): a later piece on the folder continues toward it. A job already planned for another total raises
+    ``ValueError`` (its schedule depends on the total, so it cannot change on the way)."""
+    for job in todo:
+        path = job_folder(out, job) / "plan.json"
+        steps = tiers[job[0]].train.steps
+        if not path.exists():
+            write_json(path, dict(steps=steps, fixed=True, date=time.strftime("%Y-%m-%d %H:%M:%S")))
+            continue
+        planned = json.loads(path.read_text())["steps"]
+        if planned != steps:
+            raise ValueError(f"{slug(job[0])}/{job_name(job[1], job[2])} is planned for {planned} steps, not "
+                             f"{steps}: give it its own total, or start another run folder")
+
+
 def run_piece(tiers: dict[str, Tier], out: Path, device: str, *, budget_s: float | None = None,
-              modes: dict[str, str] | None = None, jobs: int | None = None) -> list[tuple[str, str, int]]:
+              modes: dict[str, str] | None = None, jobs: int | None = None,
+              fixed: bool = False) -> list[tuple[str, str, int]]:
     """One piece: every job of ``tiers`` in its own worker process on one device (module docstring).
 
     budget_s: the piece's wall-clock seconds (None: no deadline, and totals are the tiers' own steps); modes:
     model -> training-step mode (``eager``, ``graphs``, ``compiled``, ``compiled+graphs``; a λ-tied variant takes
     its model's; default: the tier's);
-    jobs: at most this many at once (with a budget every job must run at once). Returns the jobs it ran.
+    jobs: at most this many at once (with a budget every job must run at once); fixed: every job's total is its
+    tier's ``train.steps`` (:func:`fix_totals`; nothing is planned, and a budget sets only the deadline, so
+    several pieces in a row train one fixed total). Returns the jobs it ran.
     """
     start = time.time()
     deadline = None if budget_s is None else start + budget_s - FINISH_S
@@ -151,8 +170,11 @@ def run_piece(tiers: dict[str, Tier], out: Path, device: str, *, budget_s: float
         make_sets(t.data, out / slug(n) / "data.pt")  # once, before the workers read it
     unplanned = set()
     for job in todo:
+        job_folder(out, job).mkdir(parents=True, exist_ok=True)
+    if fixed:
+        fix_totals(tiers, out, todo)
+    for job in todo:
         folder = job_folder(out, job)
-        folder.mkdir(parents=True, exist_ok=True)
         (folder / "timing.json").unlink(missing_ok=True)
         if budget_s is not None and not (folder / "plan.json").exists():
             unplanned.add(job)
