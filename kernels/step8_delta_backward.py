@@ -2,7 +2,7 @@
 
 The forward (step 7) carries, for each level ``ℓ`` and aligned block, a state ``S`` through chunk ``c``
 with ``S ← γ_C S + K̃ᵀ (u - W S)`` (``u = U₀`` in the left half, where the block's keys are written, 0 in
-the right half, where they are read: ``X_{c,ℓ} = S``, ``o += diag(λ_ℓ) query X_{c,ℓ}``). Three launches:
+the right half, where they are read: ``X_{c,ℓ} = S``, ``o += diag(λ_ℓ) query X_{c,ℓ}``). Three stages:
 
 1. :func:`level_walk_bwd_kernel` — every walk in reverse, all at once, carrying the adjoint ``D`` of the
    state (the transposed transition, ``Φᵀ D = γ_C D - Wᵀ (K̃ D)``) and adding each reader's
@@ -16,7 +16,10 @@ the right half, where they are read: ``X_{c,ℓ} = S``, ``o += diag(λ_ℓ) quer
        dW -= (K̃ D) Sᵀ,    dK̃ += (u - W S) Dᵀ,    dU₀ += K̃ D  (left halves),    dγ_C += <D, S>
        dquery += diag(λ_ℓ) dO Xᵀ,    dλ[:, c0 + ℓ] = rowsum(dO ⊙ query X)           (set bits)
 
-   summed over the levels and value tiles in registers.
+   summed over the levels and value tiles in registers. One launch per kind of output ("role"), each
+   program holding one ``[C, K]`` accumulator over all of K: the writes' gradients (dW, dU₀), the
+   transition's (dK̃, dγ_C), the reads' (dquery, dλ). Each product is computed once, and the role with the
+   most live tiles is no longer the size of every program: none spills at ``K = 192``, ``V = 384``.
 3. :func:`delta_chunk_bwd_kernel` — per chunk, through the WY form of step 6 to ``q, k, v, β`` and the
    within-chunk cumulative decay, plus the intra-chunk product ``(P ⊙ Λ) V`` (``dv``, and ``dλ`` at levels
    ``0..log2 C``). With ``R = T_β`` and ``Γ``, ``γ`` as in step 6:
@@ -30,7 +33,7 @@ the right half, where they are read: ``X_{c,ℓ} = S``, ``o += diag(λ_ℓ) quer
 
 Memory: the adjoints are ``N · n`` blocks of ``K × V`` per head (fp32), alive during the backward only.
 Work: the reverse walks cost what the forward walks cost; the level gradients four ``[C, K] × [K, V]``-sized
-products per chunk and level.
+products per chunk and level and two more per read.
 """
 
 from __future__ import annotations
@@ -114,105 +117,200 @@ def level_walk_bwd_kernel(
 
 
 @triton.jit
+def entering_state(states_ptr, z, read, rk, rv, VP):
+    """One level's state ``S`` entering the chunk, ``[BK, BV]`` (key rows ``rk``, value columns ``rv``): the stored
+    read state ``X`` at ``states_ptr`` where the chunk reads (the block's right half), else ``Z``, the running
+    sum of the lower buckets' read states (in the left half, the block's state before the chunk)."""
+    s = z
+    if read:
+        s = tl.load(states_ptr + rk[:, None] * VP + rv[None, :])
+    return s
+
+
+@triton.jit
+def write_grads(k_ptr, skt, gc_ptr, d_ptr, x_ptr, dw_ptr, du_ptr, row0, i_c, first, T, N, K, n_levels,
+                C: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr,
+                IP: tl.constexpr):
+    """The gradients of what the chunk writes into a level: with ``E = K̃ D`` (``[C, BV]`` per value tile),
+
+        dW = -Σ_ℓ E Sᵀ,    dU₀ = Σ_{ℓ: left half} E
+
+    stored at rows ``row0..row0 + C`` of dw ``[.., KP]`` and du ``[.., VP]``."""
+    KP = BK1 + BK2
+    rc, r1 = tl.arange(0, C), tl.arange(0, BK1)
+    t = i_c * C + rc
+    gc = tl.load(gc_ptr + row0 + rc)
+    ratio = tl.exp(tl.load(gc_ptr + row0 + C - 1) - gc)
+    kt1 = load_tile(k_ptr, skt, t, T, r1, K).to(gc.dtype) * ratio[:, None]
+    d_w1 = tl.zeros((C, BK1), dtype=gc.dtype)
+    if BK2 > 0:
+        r2 = BK1 + tl.arange(0, BK2)
+        kt2 = load_tile(k_ptr, skt, t, T, r2, K).to(gc.dtype) * ratio[:, None]
+        d_w2 = tl.zeros((C, BK2), dtype=gc.dtype)
+    for i_v in range(VP // BV):
+        rv = i_v * BV + tl.arange(0, BV)
+        d_u = tl.zeros((C, BV), dtype=gc.dtype)
+        z1 = tl.zeros((BK1, BV), dtype=gc.dtype)
+        if BK2 > 0:
+            z2 = tl.zeros((BK2, BV), dtype=gc.dtype)
+        slot = first
+        for level in range(1, n_levels + 1):
+            if ((i_c >> level) << level) + (1 << (level - 1)) < N:  # this level's walk passes through chunk i_c
+                read = ((i_c >> (level - 1)) & 1) == 1
+                adjoint = d_ptr + (level - 1) * KP * VP
+                states = x_ptr + slot.to(tl.int64) * KP * VP
+                d1 = tl.load(adjoint + r1[:, None] * VP + rv[None, :])
+                s1 = entering_state(states, z1, read, r1, rv, VP)
+                e = tl.dot(kt1, d1, input_precision=IP)
+                if BK2 > 0:
+                    d2 = tl.load(adjoint + r2[:, None] * VP + rv[None, :])
+                    s2 = entering_state(states, z2, read, r2, rv, VP)
+                    e += tl.dot(kt2, d2, input_precision=IP)
+                    d_w2 -= tl.dot(e, tl.trans(s2), input_precision=IP)
+                d_w1 -= tl.dot(e, tl.trans(s1), input_precision=IP)
+                d_u += e * tl.where(read, 0.0, 1.0)
+                if read:
+                    z1 += s1
+                    if BK2 > 0:
+                        z2 += s2
+                    slot += 1
+        store_rows(du_ptr + row0 * VP, VP, rc, rv, d_u)
+    store_rows(dw_ptr + row0 * KP, KP, rc, r1, d_w1)
+    if BK2 > 0:
+        store_rows(dw_ptr + row0 * KP, KP, rc, r2, d_w2)
+
+
+@triton.jit
+def key_grads(w_ptr, u_ptr, d_ptr, x_ptr, dkt_ptr, dgamma_ptr, row0, i_c, first, N, n_levels,
+              C: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr,
+              IP: tl.constexpr):
+    """The gradients of the chunk's transition, ``Φ S = γ_C S + K̃ᵀ (u - W S)`` (``u = U₀`` in left halves, 0 in
+    right halves), but W's:
+
+        dK̃ = Σ_ℓ (u - W S) Dᵀ,    dγ_C = Σ_ℓ <D, S>
+
+    stored at rows ``row0..row0 + C`` of dkt ``[.., KP]`` and at ``dgamma_ptr``."""
+    KP = BK1 + BK2
+    rc, r1 = tl.arange(0, C), tl.arange(0, BK1)
+    w1 = load_rows(w_ptr + row0 * KP, KP, rc, r1)
+    d_kt1 = tl.zeros((C, BK1), dtype=w1.dtype)
+    if BK2 > 0:
+        r2 = BK1 + tl.arange(0, BK2)
+        w2 = load_rows(w_ptr + row0 * KP, KP, rc, r2)
+        d_kt2 = tl.zeros((C, BK2), dtype=w1.dtype)
+    d_gamma = tl.sum(tl.zeros((C,), dtype=w1.dtype), 0)
+    for i_v in range(VP // BV):
+        rv = i_v * BV + tl.arange(0, BV)
+        u = load_rows(u_ptr + row0 * VP, VP, rc, rv)
+        z1 = tl.zeros((BK1, BV), dtype=w1.dtype)
+        if BK2 > 0:
+            z2 = tl.zeros((BK2, BV), dtype=w1.dtype)
+        slot = first
+        for level in range(1, n_levels + 1):
+            if ((i_c >> level) << level) + (1 << (level - 1)) < N:
+                read = ((i_c >> (level - 1)) & 1) == 1
+                adjoint = d_ptr + (level - 1) * KP * VP
+                states = x_ptr + slot.to(tl.int64) * KP * VP
+                s1 = entering_state(states, z1, read, r1, rv, VP)
+                pseudo = u * tl.where(read, 0.0, 1.0) - tl.dot(w1, s1, input_precision=IP)
+                if BK2 > 0:
+                    s2 = entering_state(states, z2, read, r2, rv, VP)
+                    pseudo -= tl.dot(w2, s2, input_precision=IP)
+                    d2 = tl.load(adjoint + r2[:, None] * VP + rv[None, :])
+                    d_kt2 += tl.dot(pseudo, tl.trans(d2), input_precision=IP)
+                    d_gamma += tl.sum(tl.sum(d2 * s2, 1), 0)
+                d1 = tl.load(adjoint + r1[:, None] * VP + rv[None, :])
+                d_kt1 += tl.dot(pseudo, tl.trans(d1), input_precision=IP)
+                d_gamma += tl.sum(tl.sum(d1 * s1, 1), 0)
+                if read:
+                    z1 += s1
+                    if BK2 > 0:
+                        z2 += s2
+                    slot += 1
+    store_rows(dkt_ptr + row0 * KP, KP, rc, r1, d_kt1)
+    if BK2 > 0:
+        store_rows(dkt_ptr + row0 * KP, KP, rc, r2, d_kt2)
+    tl.store(dgamma_ptr, d_gamma)
+
+
+@triton.jit
+def read_grads(query_ptr, lam_ptr, slt, do_ptr, sdot, x_ptr, dquery_ptr, dlam_ptr, sdlt, row0, i_c, first, T, V, L,
+               n_levels, C: tl.constexpr, C_LOG: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr,
+               BV: tl.constexpr, VP: tl.constexpr, BL: tl.constexpr, IP: tl.constexpr):
+    """The gradients of the chunk's reads ``o += diag(λ_ℓ) query X_ℓ`` (bit ``ℓ - 1`` of ``i_c`` set):
+
+        dquery = Σ_ℓ diag(λ_ℓ) dO X_ℓᵀ,    dλ[:, c0 + ℓ] = rowsum(dO ⊙ query X_ℓ)
+
+    stored at rows ``row0..row0 + C`` of dquery ``[.., KP]`` and in dlam's chunk-level columns."""
+    KP = BK1 + BK2
+    rc, r1, cols = tl.arange(0, C), tl.arange(0, BK1), tl.arange(0, BL)
+    t = i_c * C + rc
+    query1 = load_rows(query_ptr + row0 * KP, KP, rc, r1)
+    lam = load_level_scales(lam_ptr, slt, t, T, L, BL, query1.dtype)
+    d_query1 = tl.zeros((C, BK1), dtype=query1.dtype)
+    if BK2 > 0:
+        r2 = BK1 + tl.arange(0, BK2)
+        query2 = load_rows(query_ptr + row0 * KP, KP, rc, r2)
+        d_query2 = tl.zeros((C, BK2), dtype=query1.dtype)
+    dlam = tl.zeros((C, BL), dtype=query1.dtype)
+    for i_v in range(VP // BV):
+        rv = i_v * BV + tl.arange(0, BV)
+        do = load_tile(do_ptr, sdot, t, T, rv, V).to(query1.dtype)
+        slot = first
+        for level in range(1, n_levels + 1):
+            if ((i_c >> (level - 1)) & 1) == 1:
+                states = x_ptr + slot.to(tl.int64) * KP * VP
+                lam_level = level_column(lam, C_LOG + level, BL)[:, None]
+                x1 = tl.load(states + r1[:, None] * VP + rv[None, :])
+                x_read = tl.dot(query1, x1, input_precision=IP)
+                d_query1 += lam_level * tl.dot(do, tl.trans(x1), input_precision=IP)
+                if BK2 > 0:
+                    x2 = tl.load(states + r2[:, None] * VP + rv[None, :])
+                    x_read += tl.dot(query2, x2, input_precision=IP)
+                    d_query2 += lam_level * tl.dot(do, tl.trans(x2), input_precision=IP)
+                dlam = tl.where(cols[None, :] == C_LOG + level, dlam + tl.sum(do * x_read, 1)[:, None], dlam)
+                slot += 1
+    store_rows(dquery_ptr + row0 * KP, KP, rc, r1, d_query1)
+    if BK2 > 0:
+        store_rows(dquery_ptr + row0 * KP, KP, rc, r2, d_query2)
+    mask = (t[:, None] < T) & (cols[None, :] > C_LOG) & (cols[None, :] < L)
+    tl.store(dlam_ptr + t[:, None].to(tl.int64) * sdlt + cols[None, :], dlam.to(dlam_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def level_grad_kernel(
     k_ptr, w_ptr, u_ptr, query_ptr, gc_ptr, lam_ptr, do_ptr, x_ptr, first_ptr, d_ptr,
     dquery_ptr, dw_ptr, dkt_ptr, du_ptr, dgamma_ptr, dlam_ptr,
     T, N, H, K, V, L, n_levels, NX,
     skb, skt, skh, slb, slt, slh, sdob, sdot, sdoh, sdlb, sdlt, sdlh,
     C: tl.constexpr, C_LOG: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr,
-    VP: tl.constexpr, BL: tl.constexpr, OWN: tl.constexpr, BKO: tl.constexpr, IP: tl.constexpr,
+    VP: tl.constexpr, BL: tl.constexpr, ROLE: tl.constexpr, IP: tl.constexpr,
 ):
-    """Grid ``(N, B·H)``. Writes, for chunk ``i_c``, the key tile ``OWN`` (0: columns ``0..BK1``, 1: the next
-    ``BK2``; ``BKO`` its width) of dquery, dw, dkt ``[B, H, N·C, BK1 + BK2]`` (fp32); with ``OWN = 0`` also du ``[B, H, N·C, VP]``, dgamma
-    ``[B, H, N]`` (the gradient of ``γ_C``) and dlam's chunk-level columns. Products over all of K (``K̃ D``,
-    ``W S``, ``query X``) use both tiles; only the accumulated outputs are split, so a launch per tile holds
-    three ``[C, BK]`` accumulators."""
+    """Grid ``(N, B·H)``, one launch per role: program ``(i_c, i_bh)`` writes one kind of output of chunk ``i_c``
+    over all of K — ``ROLE`` 0 :func:`write_grads` (dw ``[B, H, N·C, BK1 + BK2]``, du ``[B, H, N·C, VP]``), 1
+    :func:`key_grads` (dkt, and dgamma ``[B, H, N]``, the gradient of ``γ_C``), 2 :func:`read_grads` (dquery and
+    dlam's chunk-level columns); fp32 buffers. Each role holds one ``[C, K]`` accumulator and computes each of
+    its products once. (One launch of all three, the role a branch on the program id, would read the chunk's
+    adjoints and states closer together in time, but its registers are those of the largest role in every
+    program: it spills where the three separate launches do not.)"""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    rc, r1, cols = tl.arange(0, C), tl.arange(0, BK1), tl.arange(0, BL)
     KP = BK1 + BK2
-    t = i_c * C + rc
-    base = i_bh.to(tl.int64) * N * C
-    rows = base + t
-    k_ptr += i_b.to(tl.int64) * skb + i_h * skh
-    do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh
-    x_ptr += i_bh.to(tl.int64) * NX * KP * VP
+    row0 = i_bh.to(tl.int64) * N * C + i_c * C  # the chunk's first row in the [B, H, N·C, ...] buffers
     d_ptr += (i_bh.to(tl.int64) * N + i_c) * n_levels * KP * VP
-    last = base + i_c * C + C - 1
-    lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + i_h * slh, slt, t, T, L, BL, gc_ptr.dtype.element_ty)
-    if OWN == 0:
-        r_own = r1
-    else:
-        r_own = BK1 + tl.arange(0, BK2)
-    if BK2 > 0:
-        r2 = BK1 + tl.arange(0, BK2)
-    d_query = tl.zeros((C, BKO), dtype=lam.dtype)
-    d_w = tl.zeros((C, BKO), dtype=lam.dtype)
-    d_kt = tl.zeros((C, BKO), dtype=lam.dtype)
-    d_gamma = tl.sum(tl.zeros((C,), dtype=lam.dtype), 0)
-    dlam = tl.zeros((C, BL), dtype=lam.dtype)
+    x_ptr += i_bh.to(tl.int64) * NX * KP * VP
     first = tl.load(first_ptr + i_c)
-    for i_v in range(VP // BV):
-        rv = i_v * BV + tl.arange(0, BV)
-        do = load_tile(do_ptr, sdot, t, T, rv, V).to(lam.dtype)
-        du = tl.zeros((C, BV), dtype=lam.dtype)
-        z1 = tl.zeros((BK1, BV), dtype=lam.dtype)  # Z: the lower buckets' states, the left-half state
-        if BK2 > 0:
-            z2 = tl.zeros((BK2, BV), dtype=lam.dtype)
-        slot = first
-        for level in range(1, n_levels + 1):
-            read = ((i_c >> (level - 1)) & 1) == 1
-            if ((i_c >> level) << level) + (1 << (level - 1)) < N:  # this level's walk passes through chunk i_c
-                adjoint = d_ptr + (level - 1) * KP * VP + rv[None, :]
-                states = x_ptr + slot.to(tl.int64) * KP * VP + rv[None, :]
-                decay, kt1, kt2, w1, w2 = load_transition(k_ptr, skt, w_ptr, gc_ptr, t, rows, last, T, K, BK1, BK2)
-                d1 = tl.load(adjoint + r1[:, None] * VP)
-                e = tl.dot(kt1, d1, input_precision=IP)
-                s1 = z1  # the left half of the block: the state is Z, and the chunk writes U₀ ...
-                if BK2 > 0:
-                    d2 = tl.load(adjoint + r2[:, None] * VP)
-                    e += tl.dot(kt2, d2, input_precision=IP)
-                    s2 = z2
-                if read:  # ... the right half: the state is the stored read state X, and nothing is written
-                    s1 = tl.load(states + r1[:, None] * VP)
-                    x_read = tl.dot(load_rows(query_ptr, KP, rows, r1), s1, input_precision=IP)
-                    if BK2 > 0:
-                        s2 = tl.load(states + r2[:, None] * VP)
-                        x_read += tl.dot(load_rows(query_ptr, KP, rows, r2), s2, input_precision=IP)
-                    s_own = tl.load(states + r_own[:, None] * VP)
-                    d_query += level_column(lam, C_LOG + level, BL)[:, None] * tl.dot(do, tl.trans(s_own),
-                                                                                        input_precision=IP)
-                    dlam = tl.where(cols[None, :] == C_LOG + level, dlam + tl.sum(do * x_read, 1)[:, None], dlam)
-                writes = tl.where(read, 0.0, 1.0)
-                pseudo = load_rows(u_ptr, VP, rows, rv) * writes - tl.dot(w1, s1, input_precision=IP)
-                if BK2 > 0:
-                    pseudo -= tl.dot(w2, s2, input_precision=IP)
-                if OWN == 0:
-                    d_w -= tl.dot(e, tl.trans(s1), input_precision=IP)
-                    d_kt += tl.dot(pseudo, tl.trans(d1), input_precision=IP)
-                    du += e * writes
-                    d_gamma += tl.sum(tl.sum(d1 * s1, 1), 0)
-                    if BK2 > 0:
-                        d_gamma += tl.sum(tl.sum(d2 * s2, 1), 0)
-                else:
-                    d_w -= tl.dot(e, tl.trans(s2), input_precision=IP)
-                    d_kt += tl.dot(pseudo, tl.trans(d2), input_precision=IP)
-                if read:
-                    z1 += s1
-                    if BK2 > 0:
-                        z2 += s2
-                    slot += 1
-        if OWN == 0:
-            store_rows(du_ptr, VP, rows, rv, du)
-    store_rows(dquery_ptr, KP, rows, r_own, d_query)
-    store_rows(dw_ptr, KP, rows, r_own, d_w)
-    store_rows(dkt_ptr, KP, rows, r_own, d_kt)
-    if OWN == 0:
-        tl.store(dgamma_ptr + i_bh.to(tl.int64) * N + i_c, d_gamma)
-        mask = (t[:, None] < T) & (cols[None, :] > C_LOG) & (cols[None, :] < L)
-        dlam_ptr += i_b.to(tl.int64) * sdlb + i_h * sdlh
-        tl.store(dlam_ptr + t[:, None].to(tl.int64) * sdlt + cols[None, :], dlam.to(dlam_ptr.dtype.element_ty),
-                 mask=mask)
+    if ROLE == 0:
+        write_grads(k_ptr + i_b.to(tl.int64) * skb + i_h * skh, skt, gc_ptr, d_ptr, x_ptr, dw_ptr, du_ptr, row0, i_c,
+                    first, T, N, K, n_levels, C, BK1, BK2, BV, VP, IP)
+    elif ROLE == 1:
+        key_grads(w_ptr, u_ptr, d_ptr, x_ptr, dkt_ptr, dgamma_ptr + i_bh.to(tl.int64) * N + i_c, row0, i_c, first, N,
+                  n_levels, C, BK1, BK2, BV, VP, IP)
+    else:
+        read_grads(query_ptr, lam_ptr + i_b.to(tl.int64) * slb + i_h * slh, slt,
+                   do_ptr + i_b.to(tl.int64) * sdob + i_h * sdoh, sdot, x_ptr, dquery_ptr,
+                   dlam_ptr + i_b.to(tl.int64) * sdlb + i_h * sdlh, sdlt, row0, i_c, first, T, V, L, n_levels,
+                   C, C_LOG, BK1, BK2, BV, VP, BL, IP)
 
 
 @triton.jit
@@ -407,12 +505,12 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
     d_u, d_gamma = new(B, H, N * chunk_size, VP), new(B, H, N)
     dlam = grads.get("dlam", torch.zeros(B, T, H, L, device=q.device, dtype=level_scales.dtype))
     dlam_strides = (dlam.stride(0), dlam.stride(1), dlam.stride(2))
-    for own in (0, 1) if BK2 else (0,):  # one launch per key tile of the outputs
+    for role in range(3):  # the writes' gradients, the transition's, the reads'
         level_grad_kernel[(N, B * H)](
             k, chunks.w, chunks.u, chunks.query, chunks.gc, level_scales, do, states, first_slots(N, q.device),
             adjoints, d_query, d_w, d_kt, d_u, d_gamma, dlam, T, N, H, K, V, L, n_levels, states.shape[2],
             k.stride(0), k.stride(1), sqh, *lam_strides, *do_strides, *dlam_strides,
-            C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BV=BVG, VP=VP, BL=level_block(T, chunk_size), OWN=own, BKO=BK2 if own else BK1,
+            C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BV=BVG, VP=VP, BL=level_block(T, chunk_size), ROLE=role,
             IP=IP, num_warps=config.grad_warps, num_stages=config.num_stages,
         )
     del adjoints

@@ -126,7 +126,9 @@ def test_step7_read_states_carry_each_bucket_through_the_chunk_transitions():
 SHAPES = [  # B, T, H, Hk, K, V, chunk size, launch config
     (2, 50, 2, 1, 8, 5, 16, DeltaLaunchConfig()),  # shared q/k, T off the chunk grid
     (1, 100, 2, 2, 20, 24, 16, SMALL_TILES),  # 3 chunk levels, two key tiles, two value tiles
+    (1, 90, 2, 2, 16, 40, 16, SMALL_TILES),  # one key tile (BK2 = 0), three value tiles, 3 chunk levels
     (2, 10, 2, 2, 3, 3, 32, DeltaLaunchConfig()),  # T < chunk
+    (2, 11, 1, 1, 20, 18, 16, SMALL_TILES),  # T < chunk, shared q/k, two key tiles
     (1, 1, 1, 1, 2, 2, 16, DeltaLaunchConfig()),  # one token
 ]
 IDS = [f"T{s[1]}-H{s[2]}-Hk{s[3]}-K{s[4]}-V{s[5]}-C{s[6]}" for s in SHAPES]
