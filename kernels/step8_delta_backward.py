@@ -8,7 +8,7 @@ the right half, where they are read: ``X_{c,ℓ} = S``, ``o += diag(λ_ℓ) quer
    state (the transposed transition, ``Φᵀ D = γ_C D - Wᵀ (K̃ D)``) and adding each reader's
    ``queryᵀ diag(λ_ℓ) dO``. It stores ``D_{c,ℓ}``, the adjoint of the state *leaving* chunk ``c``, for every
    chunk and level. It needs no forward state: only the chunk factors and ``dO``.
-2. :func:`level_grad_kernel` — per chunk, every level's state entering it and adjoint leaving it.
+2. the level gradients — per chunk, every level's state entering it and adjoint leaving it.
    The state is ``X_{c,ℓ}`` where bit ``ℓ - 1`` of ``c`` is set (stored by step 7); where it is clear, the
    chunk is in the block's left half and the state is the part of that half before ``c`` — exactly the
    buckets of the lower set bits, ``Z_{c,ℓ} = Σ_{a < ℓ, bit a-1 set} X_{c,a}``, a running sum. Then
@@ -16,10 +16,11 @@ the right half, where they are read: ``X_{c,ℓ} = S``, ``o += diag(λ_ℓ) quer
        dW -= (K̃ D) Sᵀ,    dK̃ += (u - W S) Dᵀ,    dU₀ += K̃ D  (left halves),    dγ_C += <D, S>
        dquery += diag(λ_ℓ) dO Xᵀ,    dλ[:, c0 + ℓ] = rowsum(dO ⊙ query X)           (set bits)
 
-   summed over the levels and value tiles in registers. One launch per kind of output ("role"), each
-   program holding one ``[C, K]`` accumulator over all of K: the writes' gradients (dW, dU₀), the
-   transition's (dK̃, dγ_C), the reads' (dquery, dλ). Each product is computed once, and the role with the
-   most live tiles is no longer the size of every program: none spills at ``K = 192``, ``V = 384``.
+   summed over the levels and value tiles in registers. One launch per kind of output, each program holding
+   one ``[C, K]`` accumulator over all of K: :func:`level_write_grad_kernel` (dW, dU₀),
+   :func:`level_transition_grad_kernel` (dK̃, dγ_C), :func:`level_read_grad_kernel` (dquery, dλ). Each product
+   is computed once, and no program holds the live tiles of all three (a single kernel for every output spills
+   registers at ``K = 192``, ``V = 384``; these three do not).
 3. :func:`delta_chunk_bwd_kernel` — per chunk, through the WY form of step 6 to ``q, k, v, β`` and the
    within-chunk cumulative decay, plus the intra-chunk product ``(P ⊙ Λ) V`` (``dv``, and ``dλ`` at levels
    ``0..log2 C``). With ``R = T_β`` and ``Γ``, ``γ`` as in step 6:
@@ -128,15 +129,29 @@ def entering_state(states_ptr, z, read, rk, rv, VP):
 
 
 @triton.jit
-def write_grads(k_ptr, skt, gc_ptr, d_ptr, x_ptr, dw_ptr, du_ptr, row0, i_c, first, T, N, K, n_levels,
-                C: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr,
-                IP: tl.constexpr):
-    """The gradients of what the chunk writes into a level: with ``E = K̃ D`` (``[C, BV]`` per value tile),
+def chunk_rows(x_ptr, first_ptr, i_c, i_bh, N, NX, C: tl.constexpr, KP, VP):
+    """``(row0, x_ptr, first)`` of chunk ``i_c`` of head ``i_bh``: its first row in the ``[B, H, N·C, ...]``
+    buffers, the head's read states ``X`` (``[NX, KP, VP]``) and the chunk's first read-state slot."""
+    return i_bh.to(tl.int64) * N * C + i_c * C, x_ptr + i_bh.to(tl.int64) * NX * KP * VP, tl.load(first_ptr + i_c)
+
+
+@triton.jit
+def level_write_grad_kernel(
+    k_ptr, gc_ptr, x_ptr, first_ptr, d_ptr, dw_ptr, du_ptr, T, N, H, K, n_levels, NX, skb, skt, skh,
+    C: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr, IP: tl.constexpr,
+):
+    """Grid ``(N, B·H)``. The gradients of what chunk ``i_c`` writes into a level: with ``E = K̃ D`` (``[C, BV]``
+    per value tile),
 
         dW = -Σ_ℓ E Sᵀ,    dU₀ = Σ_{ℓ: left half} E
 
-    stored at rows ``row0..row0 + C`` of dw ``[.., KP]`` and du ``[.., VP]``."""
+    k: [B, T, H or 1, K]; d: the adjoints ``[B, H, N, n_levels, BK1 + BK2, VP]``; x: the read states
+    ``[B, H, NX, BK1 + BK2, VP]``; writes dw ``[B, H, N·C, BK1 + BK2]`` and du ``[B, H, N·C, VP]`` (fp32)."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
     KP = BK1 + BK2
+    row0, x_ptr, first = chunk_rows(x_ptr, first_ptr, i_c, i_bh, N, NX, C, KP, VP)
+    d_ptr += (i_bh.to(tl.int64) * N + i_c) * n_levels * KP * VP  # the chunk's adjoints, [n_levels, KP, VP]
+    k_ptr += (i_bh // H).to(tl.int64) * skb + (i_bh % H) * skh
     rc, r1 = tl.arange(0, C), tl.arange(0, BK1)
     t = i_c * C + rc
     gc = tl.load(gc_ptr + row0 + rc)
@@ -181,16 +196,20 @@ def write_grads(k_ptr, skt, gc_ptr, d_ptr, x_ptr, dw_ptr, du_ptr, row0, i_c, fir
 
 
 @triton.jit
-def key_grads(w_ptr, u_ptr, d_ptr, x_ptr, dkt_ptr, dgamma_ptr, row0, i_c, first, N, n_levels,
-              C: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr,
-              IP: tl.constexpr):
-    """The gradients of the chunk's transition, ``Φ S = γ_C S + K̃ᵀ (u - W S)`` (``u = U₀`` in left halves, 0 in
-    right halves), but W's:
+def level_transition_grad_kernel(
+    w_ptr, u_ptr, x_ptr, first_ptr, d_ptr, dkt_ptr, dgamma_ptr, N, n_levels, NX,
+    C: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr, IP: tl.constexpr,
+):
+    """Grid ``(N, B·H)``. The gradients of the decayed keys and the decay of chunk ``i_c``'s step
+    ``S ← γ_C S + K̃ᵀ (u - W S)`` (``u = U₀`` in left halves, 0 in right halves):
 
         dK̃ = Σ_ℓ (u - W S) Dᵀ,    dγ_C = Σ_ℓ <D, S>
 
-    stored at rows ``row0..row0 + C`` of dkt ``[.., KP]`` and at ``dgamma_ptr``."""
+    d, x as :func:`level_write_grad_kernel`'s; writes dkt ``[B, H, N·C, BK1 + BK2]`` and dgamma ``[B, H, N]``."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
     KP = BK1 + BK2
+    row0, x_ptr, first = chunk_rows(x_ptr, first_ptr, i_c, i_bh, N, NX, C, KP, VP)
+    d_ptr += (i_bh.to(tl.int64) * N + i_c) * n_levels * KP * VP  # the chunk's adjoints, [n_levels, KP, VP]
     rc, r1 = tl.arange(0, C), tl.arange(0, BK1)
     w1 = load_rows(w_ptr + row0 * KP, KP, rc, r1)
     d_kt1 = tl.zeros((C, BK1), dtype=w1.dtype)
@@ -230,19 +249,30 @@ def key_grads(w_ptr, u_ptr, d_ptr, x_ptr, dkt_ptr, dgamma_ptr, row0, i_c, first,
     store_rows(dkt_ptr + row0 * KP, KP, rc, r1, d_kt1)
     if BK2 > 0:
         store_rows(dkt_ptr + row0 * KP, KP, rc, r2, d_kt2)
-    tl.store(dgamma_ptr, d_gamma)
+    tl.store(dgamma_ptr + i_bh.to(tl.int64) * N + i_c, d_gamma)
 
 
 @triton.jit
-def read_grads(query_ptr, lam_ptr, slt, do_ptr, sdot, x_ptr, dquery_ptr, dlam_ptr, sdlt, row0, i_c, first, T, V, L,
-               n_levels, C: tl.constexpr, C_LOG: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr,
-               BV: tl.constexpr, VP: tl.constexpr, BL: tl.constexpr, IP: tl.constexpr):
-    """The gradients of the chunk's reads ``o += diag(λ_ℓ) query X_ℓ`` (bit ``ℓ - 1`` of ``i_c`` set):
+def level_read_grad_kernel(
+    query_ptr, lam_ptr, do_ptr, x_ptr, first_ptr, dquery_ptr, dlam_ptr, T, N, H, V, L, n_levels, NX,
+    slb, slt, slh, sdob, sdot, sdoh, sdlb, sdlt, sdlh,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr,
+    VP: tl.constexpr, BL: tl.constexpr, IP: tl.constexpr,
+):
+    """Grid ``(N, B·H)``. The gradients of chunk ``i_c``'s reads ``o += diag(λ_ℓ) query X_ℓ`` (bit ``ℓ - 1`` of
+    ``i_c`` set):
 
         dquery = Σ_ℓ diag(λ_ℓ) dO X_ℓᵀ,    dλ[:, c0 + ℓ] = rowsum(dO ⊙ query X_ℓ)
 
-    stored at rows ``row0..row0 + C`` of dquery ``[.., KP]`` and in dlam's chunk-level columns."""
+    lam: [B, T, H, L]; do: [B, T, H, V]; x as :func:`level_write_grad_kernel`'s; writes dquery
+    ``[B, H, N·C, BK1 + BK2]`` (fp32) and dlam's chunk-level columns (``[B, T, H, L]``)."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
     KP = BK1 + BK2
+    row0, x_ptr, first = chunk_rows(x_ptr, first_ptr, i_c, i_bh, N, NX, C, KP, VP)
+    lam_ptr += i_b.to(tl.int64) * slb + i_h * slh
+    do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh
+    dlam_ptr += i_b.to(tl.int64) * sdlb + i_h * sdlh
     rc, r1, cols = tl.arange(0, C), tl.arange(0, BK1), tl.arange(0, BL)
     t = i_c * C + rc
     query1 = load_rows(query_ptr + row0 * KP, KP, rc, r1)
@@ -275,42 +305,6 @@ def read_grads(query_ptr, lam_ptr, slt, do_ptr, sdot, x_ptr, dquery_ptr, dlam_pt
         store_rows(dquery_ptr + row0 * KP, KP, rc, r2, d_query2)
     mask = (t[:, None] < T) & (cols[None, :] > C_LOG) & (cols[None, :] < L)
     tl.store(dlam_ptr + t[:, None].to(tl.int64) * sdlt + cols[None, :], dlam.to(dlam_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def level_grad_kernel(
-    k_ptr, w_ptr, u_ptr, query_ptr, gc_ptr, lam_ptr, do_ptr, x_ptr, first_ptr, d_ptr,
-    dquery_ptr, dw_ptr, dkt_ptr, du_ptr, dgamma_ptr, dlam_ptr,
-    T, N, H, K, V, L, n_levels, NX,
-    skb, skt, skh, slb, slt, slh, sdob, sdot, sdoh, sdlb, sdlt, sdlh,
-    C: tl.constexpr, C_LOG: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr,
-    VP: tl.constexpr, BL: tl.constexpr, ROLE: tl.constexpr, IP: tl.constexpr,
-):
-    """Grid ``(N, B·H)``, one launch per role: program ``(i_c, i_bh)`` writes one kind of output of chunk ``i_c``
-    over all of K — ``ROLE`` 0 :func:`write_grads` (dw ``[B, H, N·C, BK1 + BK2]``, du ``[B, H, N·C, VP]``), 1
-    :func:`key_grads` (dkt, and dgamma ``[B, H, N]``, the gradient of ``γ_C``), 2 :func:`read_grads` (dquery and
-    dlam's chunk-level columns); fp32 buffers. Each role holds one ``[C, K]`` accumulator and computes each of
-    its products once. (One launch of all three, the role a branch on the program id, would read the chunk's
-    adjoints and states closer together in time, but its registers are those of the largest role in every
-    program: it spills where the three separate launches do not.)"""
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    KP = BK1 + BK2
-    row0 = i_bh.to(tl.int64) * N * C + i_c * C  # the chunk's first row in the [B, H, N·C, ...] buffers
-    d_ptr += (i_bh.to(tl.int64) * N + i_c) * n_levels * KP * VP
-    x_ptr += i_bh.to(tl.int64) * NX * KP * VP
-    first = tl.load(first_ptr + i_c)
-    if ROLE == 0:
-        write_grads(k_ptr + i_b.to(tl.int64) * skb + i_h * skh, skt, gc_ptr, d_ptr, x_ptr, dw_ptr, du_ptr, row0, i_c,
-                    first, T, N, K, n_levels, C, BK1, BK2, BV, VP, IP)
-    elif ROLE == 1:
-        key_grads(w_ptr, u_ptr, d_ptr, x_ptr, dkt_ptr, dgamma_ptr + i_bh.to(tl.int64) * N + i_c, row0, i_c, first, N,
-                  n_levels, C, BK1, BK2, BV, VP, IP)
-    else:
-        read_grads(query_ptr, lam_ptr + i_b.to(tl.int64) * slb + i_h * slh, slt,
-                   do_ptr + i_b.to(tl.int64) * sdob + i_h * sdoh, sdot, x_ptr, dquery_ptr,
-                   dlam_ptr + i_b.to(tl.int64) * sdlb + i_h * sdlh, sdlt, row0, i_c, first, T, V, L, n_levels,
-                   C, C_LOG, BK1, BK2, BV, VP, BL, IP)
 
 
 @triton.jit
@@ -369,7 +363,7 @@ def delta_chunk_bwd_kernel(
     C: tl.constexpr, C_LOG: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr,
     NV: tl.constexpr, BL: tl.constexpr, IP: tl.constexpr, IPS: tl.constexpr,
 ):
-    """Grid ``(N, H, B)``. Reads step 6's factors and :func:`level_grad_kernel`'s outputs; writes dq, dk (fp32
+    """Grid ``(N, H, B)``. Reads step 6's factors and the level gradients; writes dq, dk (fp32
     ``[B, T, H, K]``, per head), dv ``[B, T, H, V]``, dlam's columns ``0..C_LOG``, dbeta and dgc (fp32
     ``[B, H, N·C]``, the gradient of the within-chunk cumulative decay)."""
     i_c, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -505,14 +499,16 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
     d_u, d_gamma = new(B, H, N * chunk_size, VP), new(B, H, N)
     dlam = grads.get("dlam", torch.zeros(B, T, H, L, device=q.device, dtype=level_scales.dtype))
     dlam_strides = (dlam.stride(0), dlam.stride(1), dlam.stride(2))
-    for role in range(3):  # the writes' gradients, the transition's, the reads'
-        level_grad_kernel[(N, B * H)](
-            k, chunks.w, chunks.u, chunks.query, chunks.gc, level_scales, do, states, first_slots(N, q.device),
-            adjoints, d_query, d_w, d_kt, d_u, d_gamma, dlam, T, N, H, K, V, L, n_levels, states.shape[2],
-            k.stride(0), k.stride(1), sqh, *lam_strides, *do_strides, *dlam_strides,
-            C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BV=BVG, VP=VP, BL=level_block(T, chunk_size), ROLE=role,
-            IP=IP, num_warps=config.grad_warps, num_stages=config.num_stages,
-        )
+    first = first_slots(N, q.device)
+    NX, BL = states.shape[2], level_block(T, chunk_size)
+    grid, tiles = (N, B * H), dict(C=chunk_size, BK1=BK1, BK2=BK2, BV=BVG, VP=VP, IP=IP, num_warps=config.grad_warps,
+                                   num_stages=config.num_stages)
+    level_write_grad_kernel[grid](k, chunks.gc, states, first, adjoints, d_w, d_u, T, N, H, K, n_levels, NX,
+                                  k.stride(0), k.stride(1), sqh, **tiles)
+    level_transition_grad_kernel[grid](chunks.w, chunks.u, states, first, adjoints, d_kt, d_gamma, N, n_levels, NX,
+                                       **tiles)
+    level_read_grad_kernel[grid](chunks.query, level_scales, do, states, first, d_query, dlam, T, N, H, V, L, n_levels,
+                                 NX, *lam_strides, *do_strides, *dlam_strides, C_LOG=C_LOG, BL=BL, **tiles)
     del adjoints
     dq, dk = torch.empty(B, T, H, K, device=q.device, dtype=acc), torch.empty(B, T, H, K, device=q.device, dtype=acc)
     dv = grads.get("dv", torch.empty(B, T, H, V, device=q.device, dtype=v.dtype))

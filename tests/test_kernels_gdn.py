@@ -192,7 +192,8 @@ def test_fp32_and_fp64_products_are_never_rounded_to_tf32(monkeypatch, dtype, al
 
     names = {step6_delta_chunks: ["delta_chunk_kernel"],
              step7_delta_levels: ["level_walk_kernel", "delta_output_kernel"],
-             step8_delta_backward: ["level_walk_bwd_kernel", "level_grad_kernel", "delta_chunk_bwd_kernel"]}
+             step8_delta_backward: ["level_walk_bwd_kernel", "level_write_grad_kernel", "level_transition_grad_kernel",
+                                    "level_read_grad_kernel", "delta_chunk_bwd_kernel"]}
     for module in names:
         for name in names[module]:
             monkeypatch.setattr(module, name, Recorded(name, getattr(module, name)))
