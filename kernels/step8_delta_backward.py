@@ -21,14 +21,19 @@ the right half, where they are read: ``X_{c,ℓ} = S``, ``o += diag(λ_ℓ) quer
    :func:`level_transition_grad_kernel` (dK̃, dγ_C), :func:`level_read_grad_kernel` (dquery, dλ). Each product
    is computed once, and no program holds the live tiles of all three (a single kernel for every output spills
    registers at ``K = 192``, ``V = 384``; these three do not).
-3. :func:`delta_chunk_bwd_kernel` — per chunk, through the WY form of step 6 to ``q, k, v, β`` and the
-   within-chunk cumulative decay, plus the intra-chunk product ``(P ⊙ Λ) V`` (``dv``, and ``dλ`` at levels
-   ``0..log2 C``). With ``R = T_β`` and ``Γ``, ``γ`` as in step 6:
+3. the WY backward, per chunk, through the WY form of step 6 to ``q, k, v, β`` and the within-chunk cumulative
+   decay, plus the intra-chunk product ``(P ⊙ Λ) V`` (``dv``, and ``dλ`` at levels ``0..log2 C``). With
+   ``R = T_β`` and ``Γ``, ``γ`` as in step 6:
 
        dT_β = dW (diag(βγ) K)ᵀ + dU₀ (diag(β) V)ᵀ + (Γ ⊙ Q Kᵀ)ᵀ dP diag(β)
        dA_β = -T_βᵀ dT_β T_βᵀ   (its strict lower part reaches β and Γ ⊙ K Kᵀ)
 
-   and ``dq``, ``dk`` from ``Q Kᵀ``, ``K Kᵀ``, ``W``, ``K̃`` and ``query``. The decay enters only through
+   and ``dq``, ``dk`` from ``Q Kᵀ``, ``K Kᵀ``, ``W``, ``K̃`` and ``query``. Three launches, each holding far fewer
+   tiles at once than one kernel for all of it (which spills registers heavily at ``K = 192``,
+   ``V = 384``): :func:`delta_chunk_values_bwd_kernel` (the value tiles: dv, dλ, dP and the
+   value share of dT_β and dβ), :func:`delta_chunk_solve_bwd_kernel` (the key tiles, the solve's backward; it
+   hands the gradients of ``Q Kᵀ`` and ``K Kᵀ`` on through a ``[C, C]`` pair per chunk) and
+   :func:`delta_chunk_qk_bwd_kernel` (dq, dk, one program per chunk and key tile). The decay enters only through
    quantities inside one chunk (``Γ``, ``γ``, ``γ_C``), so ``d log_decay`` is a reverse cumulative sum within
    each chunk: no error carried across the sequence.
 
@@ -47,9 +52,14 @@ from ..fenwick import num_chunk_levels
 from .config import (DeltaLaunchConfig, accumulator_dtype, chunk_precision, dot_precision, key_tiles, level_block,
                      solve_precision)
 from .inputs import reverse_cumsum
-from .step6_delta_chunks import DeltaChunks, key_tile_products, load_rows, store_rows, value_tiles
+from .step6_delta_chunks import DeltaChunks, load_rows, store_rows, value_tiles
 from .step7_delta_levels import first_slots, load_transition, walk_table
-from .tiles import decay_matrix, fenwick_levels, level_column, level_scale_matrix, level_sums, load_level_scales, load_tile, store_tile
+from .tiles import (decay_matrix, fenwick_levels, level_column, level_scale_matrix, level_sums, load_level_scales,
+                    load_tile, store_tile)
+
+SOLVE_KEY_TILE = 32  # key columns the WY backward's pass over the keys holds at once (wider tiles spill registers)
+QK_KEY_TILE = 64  # key columns of one program of dq, dk (the rows of a Hopper product of the chunk's C × C blocks)
+VALUE_SUB_TILE = 32  # value columns the WY backward's pass over the values holds at once
 
 
 @triton.jit
@@ -308,156 +318,243 @@ def level_read_grad_kernel(
 
 
 @triton.jit
-def wy_key_part(dquery, dw, t_beta, scores, IP: tl.constexpr):
-    """One key tile's share of the WY backward: ``(dW, dKb)`` with ``dW`` the total gradient of ``W`` (its own
-    plus ``query``'s ``-(Γ ⊙ Q Kᵀ)ᵀ dquery``) and ``dKb = T_βᵀ dW``, the gradient of ``diag(βγ) K``."""
-    d_w = dw - tl.dot(tl.trans(scores), dquery, input_precision=IP)
-    return d_w, tl.dot(tl.trans(t_beta), d_w, input_precision=IP)
-
-
-@triton.jit
-def wy_key_tile(q, k, cols, dquery_ptr, dw_ptr, dkt_ptr, w_ptr, rows, KP, t_beta, scores, beta, gamma, write,
-                d_scores, d_t, d_beta, d_gamma, d_ratio, IP: tl.constexpr):
-    """One key tile (columns ``cols`` of the ``[B, H, N·C, KP]`` buffers) back through
-    ``query = diag(γ) Q - (Γ ⊙ Q Kᵀ) W`` and ``W = T_β diag(βγ) K``: returns its ``dquery``, ``dK̃`` and ``dKb``
-    (:func:`wy_key_part`), and the accumulators ``d(Γ ⊙ Q Kᵀ)``, ``dT_β``, ``dβ``, ``dγ`` and ``d(γ_C / γ)`` with
-    the tile's terms added."""
-    dquery = load_rows(dquery_ptr, KP, rows, cols)
-    dkt = load_rows(dkt_ptr, KP, rows, cols)
-    k = k.to(d_gamma.dtype)
-    d_gamma += tl.sum(q.to(d_gamma.dtype) * dquery, 1)
-    d_scores -= tl.dot(dquery, tl.trans(load_rows(w_ptr, KP, rows, cols)), input_precision=IP)
-    d_w, d_kb = wy_key_part(dquery, load_rows(dw_ptr, KP, rows, cols), t_beta, scores, IP)
-    d_t += tl.dot(d_w, tl.trans(k * write[:, None]), input_precision=IP)
-    kd = tl.sum(k * d_kb, 1)
-    d_beta += gamma * kd
-    d_gamma += beta * kd
-    d_ratio += tl.sum(k * dkt, 1)
-    return dquery, dkt, d_kb, d_scores, d_t, d_beta, d_gamma, d_ratio
-
-
-@triton.jit
-def store_qk_grads(q_ptr, k_ptr, stride_in, dq_ptr, dk_ptr, stride_t, t, T, cols, width, dquery, dkt, d_kb, d_qk,
-                   d_keys, gamma, write, ratio, IP: tl.constexpr):
-    """dq and dk of one key tile, stored at columns ``cols`` (``width`` valid): ``dq = diag(γ) dquery + dQK K``,
-    ``dk = diag(βγ) dKb + diag(γ_C / γ) dK̃ + dKK K + dQKᵀ Q`` (``dQK``, ``dKK`` the gradients of ``Q Kᵀ``,
-    ``K Kᵀ``). The tile's q and k are read again here (row stride ``stride_in``) rather than kept from the
-    kernel's start: a kept tile stays in shared memory, as a product's operand, through the whole WY backward
-    (four ``[C, 128]`` fp32 tiles are 128 KiB at ``K = 256``)."""
-    q = load_tile(q_ptr, stride_in, t, T, cols, width).to(dquery.dtype)
-    k = load_tile(k_ptr, stride_in, t, T, cols, width).to(dquery.dtype)
-    dq = dquery * gamma[:, None] + tl.dot(d_qk, k, input_precision=IP)
-    dk = (d_kb * write[:, None] + dkt * ratio[:, None] + tl.dot(d_keys, k, input_precision=IP)
-          + tl.dot(tl.trans(d_qk), q, input_precision=IP))
-    store_tile(dq_ptr, stride_t, t, T, cols, width, dq)
-    store_tile(dk_ptr, stride_t, t, T, cols, width, dk)
-
-
-@triton.jit
-def delta_chunk_bwd_kernel(
-    q_ptr, k_ptr, v_ptr, lam_ptr, do_ptr, beta_ptr, gc_ptr, tb_ptr, p_ptr, w_ptr,
-    dquery_ptr, dw_ptr, dkt_ptr, du_ptr, dgamma_ptr,
-    dq_ptr, dk_ptr, dv_ptr, dlam_ptr, dbeta_ptr, dgc_ptr,
-    T, N, H, K, V, L,
-    sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdvb, sdvt, sdvh, sdlb, sdlt, sdlh,
-    C: tl.constexpr, C_LOG: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr,
-    NV: tl.constexpr, BL: tl.constexpr, IP: tl.constexpr, IPS: tl.constexpr,
+def delta_chunk_values_bwd_kernel(
+    v_ptr, lam_ptr, do_ptr, beta_ptr, tb_ptr, p_ptr, du_ptr, dv_ptr, dlam_ptr, dsq_ptr, dbeta_ptr,
+    T, N, H, V, L,
+    svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdvb, sdvt, sdvh, sdlb, sdlt, sdlh,
+    C: tl.constexpr, C_LOG: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, BL: tl.constexpr, IP: tl.constexpr,
 ):
-    """Grid ``(N, H, B)``. Reads step 6's factors and the level gradients; writes dq, dk (fp32
-    ``[B, T, H, K]``, per head), dv ``[B, T, H, V]``, dlam's columns ``0..C_LOG``, dbeta and dgc (fp32
-    ``[B, H, N·C]``, the gradient of the within-chunk cumulative decay)."""
+    """Grid ``(N, H, B)``. The values' share of the WY backward, tile by tile of ``BV`` value columns: through the
+    intra-chunk product ``(P ⊙ Λ) V`` and ``U₀ = T_β diag(β) V``,
+
+        dv = (P ⊙ Λ)ᵀ dO + diag(β) T_βᵀ dU₀,      dλ[:, l] = Σ_{j: level(i, j) = l} (dO Vᵀ ⊙ P)[i, j]  (l <= C_LOG)
+        dP = causal(dO Vᵀ ⊙ Λ),      dT_β ∋ dU₀ (diag(β) V)ᵀ,      dβ ∋ rowsum(V ⊙ T_βᵀ dU₀)
+
+    v, do, dv: [B, T, H, V]; lam, dlam: [B, T, H, L]; du: [B, H, N·C, NV·BV]; writes dv, dlam's columns
+    ``0..C_LOG``, dsq ``[B, H, N, 2, C, C]`` (the value share of dT_β, then dP) and dbeta's value share
+    (``[B, H, N·C]``, fp32): :func:`delta_chunk_keys_bwd_kernel` finishes both."""
     i_c, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    bh = (i_b * H + i_h).to(tl.int64)
-    rc, r1 = tl.arange(0, C), tl.arange(0, BK1)
-    KP = BK1 + BK2
-    VP = NV * BV
+    chunk = (i_b * H + i_h).to(tl.int64) * N + i_c
+    rc = tl.arange(0, C)
     t = i_c * C + rc
-    rows = bh * N * C + t
-    q_ptr += i_b.to(tl.int64) * sqb + i_h * sqh
-    k_ptr += i_b.to(tl.int64) * sqb + i_h * sqh
-    v_ptr += i_b.to(tl.int64) * svb + i_h * svh
-    do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh
-    dv_ptr += i_b.to(tl.int64) * sdvb + i_h * sdvh
-    gc = tl.load(gc_ptr + rows)
-    beta = tl.load(beta_ptr + rows)
-    g_last = tl.load(gc_ptr + bh * N * C + i_c * C + C - 1)
-    gamma = tl.exp(gc)
-    ratio = tl.exp(g_last - gc)
-    write = beta * gamma
-    decay = decay_matrix(gc, C)
-    square = (bh * N + i_c) * C * C + rc[:, None] * C + rc[None, :]
-    t_beta = tl.load(tb_ptr + square)
-    intra = tl.load(p_ptr + square)
-    q1, k1, qk, kk = key_tile_products(q_ptr, k_ptr, sqt, t, T, r1, K, IP)
-    if BK2 > 0:
-        r2 = tl.arange(0, BK2)
-        q2, k2, qk2, kk2 = key_tile_products(q_ptr + BK1, k_ptr + BK1, sqt, t, T, r2, K - BK1, IP)
-        qk += qk2
-        kk += kk2
-    scores = decay * qk  # Γ ⊙ Q Kᵀ
-    solved = tl.dot(scores, t_beta, input_precision=IPS)  # P = solved · diag(β)
-    lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + i_h * slh, slt, t, T, L, BL, gc.dtype)
+    v_ptr += i_b.to(tl.int64) * svb + i_h * svh + (i_c * C).to(tl.int64) * svt
+    do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh + (i_c * C).to(tl.int64) * sdot
+    dv_ptr += i_b.to(tl.int64) * sdvb + i_h * sdvh + (i_c * C).to(tl.int64) * sdvt
+    du_ptr += chunk * C * NV * BV
+    within = rc[:, None] * C + rc[None, :]  # offsets inside a C × C block
+    beta = tl.load(beta_ptr + chunk * C + rc)
+    t_beta = tl.load(tb_ptr + chunk * C * C + within)
+    lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + i_h * slh, slt, t, T, L, BL, beta.dtype)
     levels = fenwick_levels(C, C_LOG)
-    scales = level_scale_matrix(lam, levels, C_LOG, BL)
-    weights = intra * scales
-    # values: the intra-chunk product and U₀ = T_β diag(β) V
-    d_pairs = tl.zeros((C, C), dtype=gc.dtype)  # dO Vᵀ
-    d_t = tl.zeros((C, C), dtype=gc.dtype)
-    d_beta = tl.zeros((C,), dtype=gc.dtype)
+    weights = tl.load(p_ptr + chunk * C * C + within) * level_scale_matrix(lam, levels, C_LOG, BL)
+    d_pairs = tl.zeros((C, C), dtype=beta.dtype)  # dO Vᵀ
+    d_t = tl.zeros((C, C), dtype=beta.dtype)
+    d_beta = tl.zeros((C,), dtype=beta.dtype)
     for i_v in range(NV):
         rv = i_v * BV + tl.arange(0, BV)
-        v = load_tile(v_ptr, svt, t, T, rv, V).to(gc.dtype)
-        do = load_tile(do_ptr, sdot, t, T, rv, V).to(gc.dtype)
-        du = load_rows(du_ptr, VP, rows, rv)
+        v = load_tile(v_ptr, svt, rc, T - i_c * C, rv, V).to(beta.dtype)
+        do = load_tile(do_ptr, sdot, rc, T - i_c * C, rv, V).to(beta.dtype)
+        du = tl.load(du_ptr + rc[:, None] * (NV * BV) + rv[None, :])
         d_pairs += tl.dot(do, tl.trans(v), input_precision=IP)
         d_t += tl.dot(du, tl.trans(v * beta[:, None]), input_precision=IP)
         d_vb = tl.dot(tl.trans(t_beta), du, input_precision=IP)
         d_beta += tl.sum(v * d_vb, 1)
         dv = tl.dot(tl.trans(weights), do, input_precision=IP) + beta[:, None] * d_vb
-        store_tile(dv_ptr, sdvt, t, T, rv, V, dv)
-    dlam = level_sums(d_pairs * intra, levels, C_LOG, BL)
+        store_tile(dv_ptr, sdvt, rc, T - i_c * C, rv, V, dv)
+    dlam = level_sums(d_pairs * tl.load(p_ptr + chunk * C * C + within), levels, C_LOG, BL)
     cols = tl.arange(0, BL)
     dlam_ptr += i_b.to(tl.int64) * sdlb + i_h * sdlh
     tl.store(dlam_ptr + t[:, None].to(tl.int64) * sdlt + cols[None, :], dlam.to(dlam_ptr.dtype.element_ty),
              mask=(t[:, None] < T) & (cols[None, :] <= C_LOG) & (cols[None, :] < L))
     causal = rc[:, None] >= rc[None, :]
-    d_intra = tl.where(causal, d_pairs * scales, 0.0)  # dP
-    d_intra_b = d_intra * beta[None, :]
-    d_scores = tl.dot(d_intra_b, tl.trans(t_beta), input_precision=IPS)
-    d_t += tl.dot(tl.trans(scores), d_intra_b, input_precision=IPS)
-    d_beta += tl.sum(solved * d_intra, 0)
-    # keys: query = diag(γ) Q - (Γ ⊙ Q Kᵀ) W and W = T_β diag(βγ) K, tile by tile
+    d_intra = tl.where(causal, d_pairs * level_scale_matrix(lam, levels, C_LOG, BL), 0.0)
+    tl.store(dsq_ptr + chunk * 2 * C * C + within, d_t)
+    tl.store(dsq_ptr + chunk * 2 * C * C + C * C + within, d_intra)
+    tl.store(dbeta_ptr + chunk * C + rc, d_beta)
+
+
+@triton.jit
+def key_products(q_ptr, k_ptr, stride_t, rc, T, K, dtype, BK1: tl.constexpr, BK2: tl.constexpr, KS1: tl.constexpr,
+                 KS2: tl.constexpr, KEYS: tl.constexpr, IP: tl.constexpr):
+    """``Q Kᵀ`` of the chunk, or ``K Kᵀ`` where ``KEYS`` (``[C, C]`` in ``dtype``), summed over key sub-tiles of
+    ``KS1`` columns in the first key tile and ``KS2`` in the second (q, k multiplied in their own type); q, k at the
+    chunk's first row, rows ``rc < T`` valid."""
+    out = tl.zeros((rc.shape[0], rc.shape[0]), dtype=dtype)
+    for j in range(BK1 // KS1):
+        cols = j * KS1 + tl.arange(0, KS1)
+        at, inside = rc[:, None] * stride_t + cols[None, :], (rc[:, None] < T) & (cols[None, :] < K)
+        k = tl.load(k_ptr + at, mask=inside, other=0.0)
+        left = k if KEYS else tl.load(q_ptr + at, mask=inside, other=0.0)
+        out += tl.dot(left, tl.trans(k), input_precision=IP)
+    if BK2 > 0:
+        for j in range(BK2 // KS2):
+            cols = BK1 + j * KS2 + tl.arange(0, KS2)
+            at, inside = rc[:, None] * stride_t + cols[None, :], (rc[:, None] < T) & (cols[None, :] < K)
+            k = tl.load(k_ptr + at, mask=inside, other=0.0)
+            left = k if KEYS else tl.load(q_ptr + at, mask=inside, other=0.0)
+            out += tl.dot(left, tl.trans(k), input_precision=IP)
+    return out
+
+
+@triton.jit
+def wy_key_tile(q_ptr, k_ptr, stride_t, rc, T, K, cols, dquery_ptr, dw_ptr, dkt_ptr, w_ptr, KP, scores, d_scores,
+                d_kw, d_gamma, d_ratio, IP: tl.constexpr):
+    """One key sub-tile (columns ``cols``; pointers at the chunk's first row, rows ``rc < T`` valid) back through
+    ``query = diag(γ) Q - (Γ ⊙ Q Kᵀ) W``: stores the total gradient of ``W``, ``dW - (Γ ⊙ Q Kᵀ)ᵀ dquery``, over
+    dw's own, and returns the accumulators ``d(Γ ⊙ Q Kᵀ) -= dquery Wᵀ``, ``K dWᵀ``, ``Σ_cols q ⊙ dquery`` and
+    ``Σ_cols k ⊙ dK̃`` with the sub-tile's terms. ``dWᵀ`` (``[KS, C]``) is formed transposed, ``dWᵀ - dqueryᵀ
+    (Γ ⊙ Q Kᵀ)``, so that the ``C × C`` scores, the same for every sub-tile, are a product's right operand (read
+    from shared memory, not held in registers)."""
+    at, at_in = rc[:, None] * KP + cols[None, :], rc[:, None] * stride_t + cols[None, :]
+    inside = (rc[:, None] < T) & (cols[None, :] < K)
+    dquery = tl.load(dquery_ptr + at)
+    d_gamma += tl.sum(tl.load(q_ptr + at_in, mask=inside, other=0.0).to(dquery.dtype) * dquery, 1)
+    d_scores -= tl.dot(dquery, tl.trans(tl.load(w_ptr + at)), input_precision=IP)
+    at_t = cols[:, None] + rc[None, :] * KP
+    d_w = tl.load(dw_ptr + at_t) - tl.dot(tl.trans(dquery), scores, input_precision=IP)  # dWᵀ: [KS, C]
+    tl.store(dw_ptr + at_t, d_w)
+    k = tl.load(k_ptr + at_in, mask=inside, other=0.0).to(dquery.dtype)
+    d_kw += tl.dot(k, d_w, input_precision=IP)
+    d_ratio += tl.sum(k * tl.load(dkt_ptr + at), 1)
+    return d_scores, d_kw, d_gamma, d_ratio
+
+
+@triton.jit
+def delta_chunk_solve_bwd_kernel(
+    q_ptr, k_ptr, beta_ptr, gc_ptr, tb_ptr, w_ptr, dquery_ptr, dw_ptr, dkt_ptr, dgamma_ptr, dsq_ptr,
+    dpairs_ptr, dbeta_ptr, dgc_ptr,
+    T, N, H, K, sqb, sqt, sqh,
+    C: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, KS1: tl.constexpr, KS2: tl.constexpr,
+    IP: tl.constexpr, IPS: tl.constexpr,
+):
+    """Grid ``(N, H, B)``. The keys' share of the WY backward up to the triangular solve, after
+    :func:`delta_chunk_values_bwd_kernel` (``dP`` and the value share of ``dT_β`` in dsq). Over the key columns, in
+    sub-tiles of ``KS1`` / ``KS2`` (:func:`wy_key_tile`), with ``dW`` the total gradient of ``W``:
+
+        d(Γ ⊙ Q Kᵀ) = dP diag(β) T_βᵀ - dquery Wᵀ,      dT_β += (Γ ⊙ Q Kᵀ)ᵀ dP diag(β) + dW Kᵀ diag(βγ),
+        dβ += γ ⊙ colsum(T_β ⊙ dW Kᵀ) + colsum((Γ ⊙ Q Kᵀ) T_β ⊙ dP)
+
+    (``colsum(T_β ⊙ dW Kᵀ) = rowsum(K ⊙ T_βᵀ dW)``: the gradient of the row scales ``βγ`` of ``diag(βγ) K``), then
+    the solve's backward ``dA_β = -T_βᵀ dT_β T_βᵀ`` (strictly lower) to ``β`` and ``Γ ⊙ K Kᵀ``. q, k:
+    [B, T, H or 1, K]. Overwrites dw (``[B, H, N·C, KP]``) with the total ``dW``, adds the keys' share to dbeta,
+    writes dgc (fp32 ``[B, H, N·C]``, the gradient of the within-chunk cumulative decay) and dpairs
+    ``[B, H, N, 2, C, C]``: the gradients of ``Q Kᵀ`` and of ``K Kᵀ`` (symmetrised), for
+    :func:`delta_chunk_qk_bwd_kernel`. Every pointer is moved to the chunk first, so that the tiles' offsets are
+    32-bit."""
+    i_c, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    chunk = (i_b * H + i_h).to(tl.int64) * N + i_c
+    rc = tl.arange(0, C)
+    KP = BK1 + BK2
+    T_c = T - i_c * C  # valid rows of the chunk
+    shift = i_b.to(tl.int64) * sqb + i_h * sqh + (i_c * C).to(tl.int64) * sqt
+    q_ptr += shift
+    k_ptr += shift
+    gc_ptr += chunk * C
+    beta_ptr += chunk * C
+    dbeta_ptr += chunk * C
+    dgc_ptr += chunk * C
+    tb_ptr += chunk * C * C
+    dsq_ptr += chunk * 2 * C * C
+    dpairs_ptr += chunk * 2 * C * C
+    w_ptr += chunk * C * KP
+    dquery_ptr += chunk * C * KP
+    dw_ptr += chunk * C * KP
+    dkt_ptr += chunk * C * KP
+    within = rc[:, None] * C + rc[None, :]  # offsets inside a C × C block
+    gc = tl.load(gc_ptr + rc)
+    scores = decay_matrix(gc, C) * key_products(q_ptr, k_ptr, sqt, rc, T_c, K, gc.dtype, BK1, BK2, KS1, KS2, False,
+                                                IP)  # Γ ⊙ Q Kᵀ
+    beta = tl.load(beta_ptr + rc)
+    d_scores = tl.dot(tl.load(dsq_ptr + C * C + within) * beta[None, :], tl.trans(tl.load(tb_ptr + within)),
+                      input_precision=IPS)
+    d_kw = tl.zeros((C, C), dtype=gc.dtype)  # K dWᵀ
     d_gamma = tl.zeros((C,), dtype=gc.dtype)
     d_ratio = tl.zeros((C,), dtype=gc.dtype)
-    dquery1, dkt1, d_kb1, d_scores, d_t, d_beta, d_gamma, d_ratio = wy_key_tile(
-        q1, k1, r1, dquery_ptr, dw_ptr, dkt_ptr, w_ptr, rows, KP, t_beta, scores, beta, gamma, write,
-        d_scores, d_t, d_beta, d_gamma, d_ratio, IP)
+    for j in range(BK1 // KS1):
+        d_scores, d_kw, d_gamma, d_ratio = wy_key_tile(
+            q_ptr, k_ptr, sqt, rc, T_c, K, j * KS1 + tl.arange(0, KS1), dquery_ptr, dw_ptr, dkt_ptr, w_ptr, KP,
+            scores, d_scores, d_kw, d_gamma, d_ratio, IP)
     if BK2 > 0:
-        dquery2, dkt2, d_kb2, d_scores, d_t, d_beta, d_gamma, d_ratio = wy_key_tile(
-            q2, k2, BK1 + tl.arange(0, BK2), dquery_ptr, dw_ptr, dkt_ptr, w_ptr, rows, KP, t_beta, scores, beta, gamma,
-            write, d_scores, d_t, d_beta, d_gamma, d_ratio, IP)
+        for j in range(BK2 // KS2):
+            d_scores, d_kw, d_gamma, d_ratio = wy_key_tile(
+                q_ptr, k_ptr, sqt, rc, T_c, K, BK1 + j * KS2 + tl.arange(0, KS2), dquery_ptr, dw_ptr, dkt_ptr, w_ptr,
+                KP, scores, d_scores, d_kw, d_gamma, d_ratio, IP)
+    tl.store(dpairs_ptr + within, decay_matrix(gc, C) * d_scores)  # dQK
+    d_decay = scores * d_scores  # dΓ ⊙ Γ, its Q Kᵀ part
+    d_gc = tl.sum(d_decay, 1) - tl.sum(d_decay, 0)
+    t_beta = tl.load(tb_ptr + within)
+    kd = tl.sum(tl.trans(t_beta) * d_kw, 1)  # rowsum(K ⊙ T_βᵀ dW)
+    gamma = tl.exp(gc)
+    d_t = tl.load(dsq_ptr + within) + tl.trans(d_kw) * (beta * gamma)[None, :]
+    d_intra = tl.load(dsq_ptr + C * C + within)  # dP
+    d_beta = tl.load(dbeta_ptr + rc) + gamma * kd + tl.sum(tl.dot(scores, t_beta, input_precision=IPS) * d_intra, 0)
+    d_t += tl.dot(tl.trans(scores), d_intra * beta[None, :], input_precision=IPS)
+    d_gamma += beta * kd
     # the triangular solve: T_β = (I + M)⁻¹ with M = strict_lower(diag(β) (Γ ⊙ K Kᵀ))
     d_m = -tl.dot(tl.dot(tl.trans(t_beta), d_t, input_precision=IPS), tl.trans(t_beta), input_precision=IPS)
-    d_m = tl.where(rc[:, None] > rc[None, :], d_m, 0.0)
-    d_beta += tl.sum(d_m * decay * kk, 1)
-    d_m *= beta[:, None]
-    d_kk = decay * d_m
-    d_decay = (kk * d_m + qk * d_scores) * decay  # dΓ ⊙ Γ
-    d_qk = decay * d_scores
-    d_gc = d_gamma * gamma + tl.sum(d_decay, 1) - tl.sum(d_decay, 0) - d_ratio * ratio
-    last = rc == C - 1
-    d_last = tl.sum(d_ratio * ratio, 0) + tl.load(dgamma_ptr + bh * N + i_c) * tl.exp(g_last)
-    d_gc += tl.where(last, d_last, 0.0)
-    tl.store(dgc_ptr + rows, d_gc)
-    tl.store(dbeta_ptr + rows, d_beta)
-    d_keys = d_kk + tl.trans(d_kk)
-    dq_ptr += i_b.to(tl.int64) * T * H * K + i_h * K
-    dk_ptr += i_b.to(tl.int64) * T * H * K + i_h * K
-    store_qk_grads(q_ptr, k_ptr, sqt, dq_ptr, dk_ptr, H * K, t, T, r1, K, dquery1, dkt1, d_kb1, d_qk, d_keys, gamma,
-                   write, ratio, IP)
-    if BK2 > 0:
-        store_qk_grads(q_ptr + BK1, k_ptr + BK1, sqt, dq_ptr + BK1, dk_ptr + BK1, H * K, t, T, r2, K - BK1, dquery2,
-                       dkt2, d_kb2, d_qk, d_keys, gamma, write, ratio, IP)
+    d_m = tl.where(rc[:, None] > rc[None, :], d_m, 0.0) * decay_matrix(gc, C)
+    kk = key_products(q_ptr, k_ptr, sqt, rc, T_c, K, gc.dtype, BK1, BK2, KS1, KS2, True, IP)
+    d_beta += tl.sum(d_m * kk, 1)
+    d_kk = d_m * beta[:, None]
+    tl.store(dpairs_ptr + C * C + within, d_kk + tl.trans(d_kk))  # dKK
+    d_decay = kk * d_kk  # dΓ ⊙ Γ, its K Kᵀ part
+    g_last = tl.load(gc_ptr + C - 1)
+    ratio = tl.exp(g_last - gc)
+    d_gc += d_gamma * gamma + tl.sum(d_decay, 1) - tl.sum(d_decay, 0) - d_ratio * ratio
+    d_last = tl.sum(d_ratio * ratio, 0) + tl.load(dgamma_ptr + chunk) * tl.exp(g_last)
+    d_gc += tl.where(rc == C - 1, d_last, 0.0)
+    tl.store(dgc_ptr + rc, d_gc)
+    tl.store(dbeta_ptr + rc, d_beta)
+
+
+@triton.jit
+def delta_chunk_qk_bwd_kernel(
+    q_ptr, k_ptr, beta_ptr, gc_ptr, tb_ptr, dquery_ptr, dw_ptr, dkt_ptr, dpairs_ptr, dq_ptr, dk_ptr,
+    T, N, H, K, sqb, sqt, sqh,
+    C: tl.constexpr, KP: tl.constexpr, KS: tl.constexpr, IP: tl.constexpr,
+):
+    """Grid ``(N · KP / KS, H, B)``: one program per chunk and key sub-tile of ``KS`` columns. dq and dk, after
+    :func:`delta_chunk_solve_bwd_kernel`:
+
+        dq = diag(γ) dquery + dQK K,      dk = diag(βγ) T_βᵀ dW + diag(γ_C / γ) dK̃ + dKK K + dQKᵀ Q
+
+    (``dW`` the total gradient of W, ``dQK``, ``dKK`` those of ``Q Kᵀ``, ``K Kᵀ`` from dpairs), formed transposed
+    (``[KS, C]``: ``dqᵀ = dqueryᵀ diag(γ) + Kᵀ dQKᵀ``, ...) so that the chunk's ``C × C`` matrices are the right
+    operands of the products (read from shared memory). q, k: [B, T, H or 1, K]; writes dq, dk (fp32
+    ``[B, T, H, K]``, per head)."""
+    i_c, i_h, i_b = tl.program_id(0) // (KP // KS), tl.program_id(1), tl.program_id(2)
+    chunk = (i_b * H + i_h).to(tl.int64) * N + i_c
+    rc = tl.arange(0, C)
+    cols = tl.program_id(0) % (KP // KS) * KS + tl.arange(0, KS)
+    within = rc[:, None] * C + rc[None, :]  # offsets inside a C × C block
+    inside = (cols[:, None] < K) & (i_c * C + rc[None, :] < T)
+    shift = i_b.to(tl.int64) * sqb + i_h * sqh + (i_c * C).to(tl.int64) * sqt  # the chunk's q, k
+    q_ptr += shift
+    k_ptr += shift
+    dq_ptr += (i_b.to(tl.int64) * T + i_c * C) * H * K + i_h * K
+    dk_ptr += (i_b.to(tl.int64) * T + i_c * C) * H * K + i_h * K
+    gc_ptr += chunk * C
+    beta_ptr += chunk * C
+    tb_ptr += chunk * C * C
+    dpairs_ptr += chunk * 2 * C * C
+    dquery_ptr += chunk * C * KP
+    dw_ptr += chunk * C * KP
+    dkt_ptr += chunk * C * KP
+    at_in = cols[:, None] + rc[None, :] * sqt
+    at = cols[:, None] + rc[None, :] * KP
+    at_out = cols[:, None] + rc[None, :] * (H * K)
+    gc = tl.load(gc_ptr + rc)
+    gamma = tl.exp(gc)
+    d_qk = tl.load(dpairs_ptr + within)
+    k = tl.load(k_ptr + at_in, mask=inside, other=0.0).to(gc.dtype)  # Kᵀ: [KS, C]
+    dq = tl.load(dquery_ptr + at) * gamma[None, :] + tl.dot(k, tl.trans(d_qk), input_precision=IP)
+    tl.store(dq_ptr + at_out, dq.to(dq_ptr.dtype.element_ty), mask=inside)
+    dk = tl.dot(tl.load(dw_ptr + at), tl.load(tb_ptr + within), input_precision=IP)
+    dk *= (tl.load(beta_ptr + rc) * gamma)[None, :]
+    dk += tl.load(dkt_ptr + at) * tl.exp(tl.load(gc_ptr + C - 1) - gc)[None, :]
+    dk += tl.dot(k, tl.load(dpairs_ptr + C * C + within), input_precision=IP)
+    dk += tl.dot(tl.load(q_ptr + at_in, mask=inside, other=0.0).to(gc.dtype), d_qk, input_precision=IP)
+    tl.store(dk_ptr + at_out, dk.to(dk_ptr.dtype.element_ty), mask=inside)
 
 
 def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states, do, chunk_size: int = 64,
@@ -513,14 +610,27 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
     dq, dk = torch.empty(B, T, H, K, device=q.device, dtype=acc), torch.empty(B, T, H, K, device=q.device, dtype=acc)
     dv = grads.get("dv", torch.empty(B, T, H, V, device=q.device, dtype=v.dtype))
     d_beta, d_gc = new(B, H, N * chunk_size), new(B, H, N * chunk_size)
-    delta_chunk_bwd_kernel[(N, H, B)](
-        q, k, v, level_scales, do, chunks.beta, chunks.gc, chunks.t_beta, chunks.intra, chunks.w,
-        d_query, d_w, d_kt, d_u, d_gamma, dq, dk, dv, dlam, d_beta, d_gc, T, N, H, K, V, L,
-        q.stride(0), q.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2), *lam_strides, *do_strides,
-        dv.stride(0), dv.stride(1), dv.stride(2), *dlam_strides,
-        C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BV=BV, NV=NV, BL=level_block(T, chunk_size),
-        IP=chunk_precision(q.dtype, config.precision),
-        IPS=solve_precision(q.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
+    d_squares, d_pairs = new(B, H, N, 2, chunk_size, chunk_size), new(B, H, N, 2, chunk_size, chunk_size)
+    IPC = chunk_precision(q.dtype, config.precision)
+    BVA = min(BV, VALUE_SUB_TILE)
+    delta_chunk_values_bwd_kernel[(N, H, B)](
+        v, level_scales, do, chunks.beta, chunks.t_beta, chunks.intra, d_u, dv, dlam, d_squares, d_beta, T, N, H, V, L,
+        v.stride(0), v.stride(1), v.stride(2), *lam_strides, *do_strides, dv.stride(0), dv.stride(1), dv.stride(2),
+        *dlam_strides, C=chunk_size, C_LOG=C_LOG, BV=BVA, NV=VP // BVA, BL=BL, IP=IPC,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    del d_u
+    delta_chunk_solve_bwd_kernel[(N, H, B)](
+        q, k, chunks.beta, chunks.gc, chunks.t_beta, chunks.w, d_query, d_w, d_kt, d_gamma, d_squares, d_pairs, d_beta,
+        d_gc, T, N, H, K, q.stride(0), q.stride(1), sqh, C=chunk_size, BK1=BK1, BK2=BK2, KS1=min(BK1, SOLVE_KEY_TILE),
+        KS2=min(max(BK2, 16), SOLVE_KEY_TILE), IP=IPC, IPS=solve_precision(q.dtype), num_warps=config.solve_warps,
+        num_stages=config.num_stages,
+    )
+    KS = min(BK2 or BK1, QK_KEY_TILE)
+    delta_chunk_qk_bwd_kernel[(N * (KP // KS), H, B)](
+        q, k, chunks.beta, chunks.gc, chunks.t_beta, d_query, d_w, d_kt, d_pairs, dq, dk, T, N, H, K,
+        q.stride(0), q.stride(1), sqh, C=chunk_size, KP=KP, KS=KS, IP=IPC, num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     if Hk == 1:
         dq, dk = dq.sum(2, keepdim=True), dk.sum(2, keepdim=True)

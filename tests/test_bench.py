@@ -55,7 +55,7 @@ def test_profile_table_splits_the_phases_and_adds_work_and_registers():
         calls.append(run)
         if len(calls) == 1:
             return {"delta_chunk_kernel": [2, 4.0], "aten::copy_": [6, 0.6]}
-        return {"delta_chunk_bwd_kernel": [1, 3.0], "level_write_grad_kernel": [1, 1.0]}
+        return {"delta_chunk_solve_bwd_kernel": [1, 3.0], "level_write_grad_kernel": [1, 1.0]}
 
     def compiled():
         return [dict(kernel="level_write_grad_kernel", n_regs=238, n_spills=0),
@@ -68,9 +68,9 @@ def test_profile_table_splits_the_phases_and_adds_work_and_registers():
     assert len(calls) == 3  # the forwards, then one backward per step
     rows = {(r["phase"], r["kernel"]): r for r in profiled["kernels"]}
     assert set(rows) == {("forward", "delta_chunk_kernel"), ("forward", "aten::copy_"),
-                         ("backward", "delta_chunk_bwd_kernel"), ("backward", "level_write_grad_kernel")}
+                         ("backward", "delta_chunk_solve_bwd_kernel"), ("backward", "level_write_grad_kernel")}
     assert rows["forward", "delta_chunk_kernel"]["ms"] == 2.0 and rows["forward", "delta_chunk_kernel"]["calls"] == 1
-    assert rows["backward", "delta_chunk_bwd_kernel"]["ms"] == 3.0
+    assert rows["backward", "delta_chunk_solve_bwd_kernel"]["ms"] == 3.0
     assert rows["backward", "level_write_grad_kernel"]["calls"] == 1
     assert profiled["forward_ms"] == pytest.approx(2.3) and profiled["backward_ms"] == pytest.approx(4.0)
     assert profiled["total_ms"] == pytest.approx(6.3) and profiled["B"] == 1
@@ -81,7 +81,7 @@ def test_profile_table_splits_the_phases_and_adds_work_and_registers():
     assert rows["backward", "level_write_grad_kernel"]["n_spills"] == 40
     assert "n_regs" not in rows["forward", "delta_chunk_kernel"]
     assert [r["phase"] for r in profiled["kernels"]] == ["forward"] * 2 + ["backward"] * 2
-    assert profiled["kernels"][2]["kernel"] == "delta_chunk_bwd_kernel"  # largest first within the phase
+    assert profiled["kernels"][2]["kernel"] == "delta_chunk_solve_bwd_kernel"  # largest first within the phase
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")

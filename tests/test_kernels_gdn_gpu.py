@@ -94,6 +94,7 @@ def test_profile_times_every_kernel_of_both_phases_with_its_registers():
     assert phases == {"delta_chunk_kernel": "forward", "level_walk_kernel": "forward",
                       "delta_output_kernel": "forward", "level_walk_bwd_kernel": "backward",
                       "level_write_grad_kernel": "backward", "level_transition_grad_kernel": "backward",
-                      "level_read_grad_kernel": "backward", "delta_chunk_bwd_kernel": "backward"}
+                      "level_read_grad_kernel": "backward", "delta_chunk_values_bwd_kernel": "backward",
+                      "delta_chunk_solve_bwd_kernel": "backward", "delta_chunk_qk_bwd_kernel": "backward"}
     timed = [r for r in profiled["kernels"] if r["kernel"] in phases]
     assert all(r["ms"] > 0 and r["calls"] == 1 and 0 < r["n_regs"] <= 255 and r["n_spills"] >= 0 for r in timed), timed

@@ -54,7 +54,9 @@ def delta_kernel_work(B: int, T: int, s: Setting) -> dict[str, int]:
     :func:`~loglin_edu.bench.settings.counted_work_delta`: a chunk transition or read is ``2·C·K·V`` flops
     (``ckv``); the WY factors' kernel forms everything per chunk but the intra product ``(P ⊙ Λ) V``, which the
     output kernel forms; the level gradients are ``2·ckv`` per chunk and level for the writes and for the
-    transition, ``2·ckv`` per read for the reads."""
+    transition, ``2·ckv`` per read for the reads; the WY backward (three times the factors and the intra product) is
+    split as its kernels run: four ``2·C·V`` products per token over the values, four ``2·C·K`` for dq and dk, the
+    rest (the pass over the keys and the solve) in between."""
     C, H, K, V = s.chunk_size, s.heads, s.key, s.value
     N = -(-T // C)
     n = (N - 1).bit_length()
@@ -71,7 +73,9 @@ def delta_kernel_work(B: int, T: int, s: Setting) -> dict[str, int]:
         "level_write_grad_kernel": per_head * n * N * 2 * ckv,
         "level_transition_grad_kernel": per_head * n * N * 2 * ckv,
         "level_read_grad_kernel": per_head * reads * 2 * ckv,
-        "delta_chunk_bwd_kernel": per_head * 3 * (factors + intra),
+        "delta_chunk_values_bwd_kernel": per_head * 4 * intra,
+        "delta_chunk_solve_bwd_kernel": per_head * (3 * (factors + intra) - 4 * intra - T * 4 * 2 * C * K),
+        "delta_chunk_qk_bwd_kernel": per_head * T * 4 * 2 * C * K,
     }
 
 
