@@ -63,14 +63,27 @@ VALUE_SUB_TILE = 32  # value columns the WY backward's pass over the values hold
 
 
 @triton.jit
-def carry_back(a1, a2, decay, kt1, kt2, w1, w2, BK2: tl.constexpr, IP: tl.constexpr):
-    """``Φᵀ D = γ_C D - Wᵀ (K̃ D)`` for the adjoint ``D = [a1; a2]`` (``[BK1 + BK2, BV]``)."""
-    e = tl.dot(kt1, a1, input_precision=IP)
+def carry_back(a1, a2, k_ptr, skt, w_ptr, gc_ptr, rc, T, K, BK1: tl.constexpr, BK2: tl.constexpr, IP: tl.constexpr):
+    """``(Φᵀ D)ᵀ = γ_C Dᵀ - ((Dᵀ Kᵀ) diag(γ_C / γ)) W`` for the adjoint held transposed, ``Dᵀ = [a1, a2]``
+    (``[BV, BK1 + BK2]``), through chunk ``Φ`` (pointers at its first row, rows ``rc < T`` valid). Transposed, the
+    chunk's factors K and W are the right operands of the products — read into shared memory, not held in
+    registers — and only ``BV``-row tiles are."""
+    r1 = tl.arange(0, BK1)
+    gc = tl.load(gc_ptr + rc)
+    g_last = tl.load(gc_ptr + rc.shape[0] - 1)
+    k_rows, w_rows = (k_ptr + rc * skt)[:, None], (w_ptr + rc * (BK1 + BK2))[:, None]  # the chunk's rows first: no
+    # loop-invariant [C, BK] offsets for the compiler to hoist out of the walk and hold in registers
+    k1 = tl.load(k_rows + r1[None, :], mask=(rc[:, None] < T) & (r1[None, :] < K), other=0.0)
+    e = tl.dot(a1, tl.trans(k1.to(a1.dtype)), input_precision=IP)  # Dᵀ Kᵀ: [BV, C]
     if BK2 > 0:
-        e += tl.dot(kt2, a2, input_precision=IP)
-    a1 = decay * a1 - tl.dot(tl.trans(w1), e, input_precision=IP)
+        r2 = BK1 + tl.arange(0, BK2)
+        k2 = tl.load(k_rows + r2[None, :], mask=(rc[:, None] < T) & (r2[None, :] < K), other=0.0)
+        e += tl.dot(a2, tl.trans(k2.to(a1.dtype)), input_precision=IP)
+    e *= tl.exp(g_last - gc)[None, :]
+    decay = tl.exp(g_last)
+    a1 = decay * a1 - tl.dot(e, tl.load(w_rows + r1[None, :]), input_precision=IP)
     if BK2 > 0:
-        a2 = decay * a2 - tl.dot(tl.trans(w2), e, input_precision=IP)
+        a2 = decay * a2 - tl.dot(e, tl.load(w_rows + r2[None, :]), input_precision=IP)
     return a1, a2
 
 
@@ -83,48 +96,56 @@ def level_walk_bwd_kernel(
     BV: tl.constexpr, VP: tl.constexpr, IP: tl.constexpr,
 ):
     """Grid ``(VP / BV, B·H, walks)``, as the forward walks. do: [B, T, H, V]; d: [B, H, N, n_levels, BK1 + BK2, VP] receives the
-    adjoint of each level's state leaving each chunk (zero after the last reader)."""
+    adjoint of each level's state leaving each chunk (zero after the last reader). The adjoint is carried transposed
+    (``[BV, BK1 + BK2]``, :func:`carry_back`): the reads add ``(diag(λ_ℓ) dO)ᵀ query``."""
     i_v, i_bh, i_w = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
+    KP = BK1 + BK2
     level = tl.load(walks_ptr + 2 * i_w)
     start = tl.load(walks_ptr + 2 * i_w + 1)
     half = 1 << (level - 1)
-    rc, rv, r1 = tl.arange(0, C), i_v * BV + tl.arange(0, BV), tl.arange(0, BK1)
+    rc, rv, r1 = tl.arange(0, C), tl.arange(0, BV), tl.arange(0, BK1)
     k_ptr += i_b.to(tl.int64) * skb + i_h * skh
-    lam_ptr += i_b.to(tl.int64) * slb + i_h * slh
-    do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh
+    lam_ptr += i_b.to(tl.int64) * slb + i_h * slh + C_LOG + level
+    do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh + i_v * BV
     base = i_bh.to(tl.int64) * N * C
-    d_ptr += (i_bh.to(tl.int64) * N * n_levels + level - 1) * (BK1 + BK2) * VP + rv[None, :]
-    a1 = tl.zeros((BK1, BV), dtype=gc_ptr.dtype.element_ty)
-    a2 = tl.zeros((BK2P, BV), dtype=gc_ptr.dtype.element_ty)
+    gc_ptr += base
+    w_ptr += base * KP
+    query_ptr += base * KP
+    d_ptr += (i_bh.to(tl.int64) * N * n_levels + level - 1) * KP * VP + i_v * BV
+    a1 = tl.zeros((BV, BK1), dtype=gc_ptr.dtype.element_ty)
+    a2 = tl.zeros((BV, BK2P), dtype=gc_ptr.dtype.element_ty)
+    store_adjoint(d_ptr, tl.minimum(start + 2 * half - 1, N - 1), n_levels, KP, VP, rv, a1, a2, BK1, BK2)
     for i in range(half):  # the right half, backwards: each reader adds its queries' gradient
         c = start + 2 * half - 1 - i
         if c < N:
-            slot = d_ptr + c.to(tl.int64) * n_levels * (BK1 + BK2) * VP
-            tl.store(slot + r1[:, None] * VP, a1)
+            a1, a2 = carry_back(a1, a2, k_ptr + (c * C).to(tl.int64) * skt, skt, w_ptr + c * C * KP, gc_ptr + c * C,
+                                rc, T - c * C, K, BK1, BK2, IP)
+            lam = tl.load(lam_ptr + (c * C + rc).to(tl.int64) * slt, mask=(c * C + rc < T) & (rc * 0 + C_LOG + level < L),
+                          other=0.0)
+            at = (c * C + rc[None, :]).to(tl.int64) * sdot + rv[:, None]
+            scaled = tl.load(do_ptr + at, mask=(c * C + rc[None, :] < T) & (i_v * BV + rv[:, None] < V), other=0.0)
+            scaled = scaled.to(a1.dtype) * lam.to(a1.dtype)[None, :]  # (diag(λ_ℓ) dO)ᵀ: [BV, C]
+            query = (query_ptr + c * C * KP + rc * KP)[:, None]
+            a1 += tl.dot(scaled, tl.load(query + r1[None, :]), input_precision=IP)
             if BK2 > 0:
-                tl.store(slot + (BK1 + tl.arange(0, BK2))[:, None] * VP, a2)
-            t = c * C + rc
-            decay, kt1, kt2, w1, w2 = load_transition(k_ptr, skt, w_ptr, gc_ptr, t, base + t, base + c * C + C - 1, T, K,
-                                                      BK1, BK2)
-            a1, a2 = carry_back(a1, a2, decay, kt1, kt2, w1, w2, BK2, IP)
-            lam = tl.load(lam_ptr + t.to(tl.int64) * slt + C_LOG + level, mask=(t < T) & (t * 0 + C_LOG + level < L), other=0.0)
-            scaled = load_tile(do_ptr, sdot, t, T, rv, V).to(a1.dtype) * lam.to(a1.dtype)[:, None]
-            a1 += tl.dot(tl.trans(load_rows(query_ptr, BK1 + BK2, base + t, r1)), scaled, input_precision=IP)
-            if BK2 > 0:
-                r2 = BK1 + tl.arange(0, BK2)
-                a2 += tl.dot(tl.trans(load_rows(query_ptr, BK1 + BK2, base + t, r2)), scaled, input_precision=IP)
-    for i in range(half):  # the left half, backwards: only the transitions
+                a2 += tl.dot(scaled, tl.load(query + (BK1 + tl.arange(0, BK2))[None, :]), input_precision=IP)
+            store_adjoint(d_ptr, c - 1, n_levels, KP, VP, rv, a1, a2, BK1, BK2)  # leaving chunk c - 1
+    for i in range(half - 1):  # the left half, backwards: only the transitions
         c = start + half - 1 - i
-        slot = d_ptr + c.to(tl.int64) * n_levels * (BK1 + BK2) * VP
-        tl.store(slot + r1[:, None] * VP, a1)
-        if BK2 > 0:
-            tl.store(slot + (BK1 + tl.arange(0, BK2))[:, None] * VP, a2)
-        if i + 1 < half:
-            t = c * C + rc
-            decay, kt1, kt2, w1, w2 = load_transition(k_ptr, skt, w_ptr, gc_ptr, t, base + t, base + c * C + C - 1, T, K,
-                                                      BK1, BK2)
-            a1, a2 = carry_back(a1, a2, decay, kt1, kt2, w1, w2, BK2, IP)
+        a1, a2 = carry_back(a1, a2, k_ptr + (c * C).to(tl.int64) * skt, skt, w_ptr + c * C * KP, gc_ptr + c * C,
+                            rc, T - c * C, K, BK1, BK2, IP)
+        store_adjoint(d_ptr, c - 1, n_levels, KP, VP, rv, a1, a2, BK1, BK2)
+
+
+@triton.jit
+def store_adjoint(d_ptr, c, n_levels, KP, VP, rv, a1, a2, BK1: tl.constexpr, BK2: tl.constexpr):
+    """Store the transposed adjoint ``Dᵀ = [a1, a2]`` (``[BV, BK1 + BK2]``) as chunk ``c``'s ``[KP, VP]`` block of
+    the walk's level (``d_ptr`` at chunk 0 and the program's value columns), each value column ``rv`` a column."""
+    slot = (d_ptr + c.to(tl.int64) * n_levels * KP * VP + rv)[:, None]
+    tl.store(slot + tl.arange(0, BK1)[None, :] * VP, a1)
+    if BK2 > 0:
+        tl.store(slot + (BK1 + tl.arange(0, BK2))[None, :] * VP, a2)
 
 
 @triton.jit
