@@ -37,7 +37,8 @@ the right half, where they are read: ``X_{c,ℓ} = S``, ``o += diag(λ_ℓ) quer
    quantities inside one chunk (``Γ``, ``γ``, ``γ_C``), so ``d log_decay`` is a reverse cumulative sum within
    each chunk: no error carried across the sequence.
 
-Memory: the adjoints are ``N · n`` blocks of ``K × V`` per head (fp32), alive during the backward only.
+Memory: the adjoints are ``N · n`` blocks of ``K × V`` per head (fp32), alive during the backward only; the WY
+backward hands two ``C × C`` pairs per chunk from launch to launch.
 Work: the reverse walks cost what the forward walks cost; the level gradients four ``[C, K] × [K, V]``-sized
 products per chunk and level and two more per read.
 """
@@ -631,7 +632,7 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
     dq, dk = torch.empty(B, T, H, K, device=q.device, dtype=acc), torch.empty(B, T, H, K, device=q.device, dtype=acc)
     dv = grads.get("dv", torch.empty(B, T, H, V, device=q.device, dtype=v.dtype))
     d_beta, d_gc = new(B, H, N * chunk_size), new(B, H, N * chunk_size)
-    d_squares, d_pairs = new(B, H, N, 2, chunk_size, chunk_size), new(B, H, N, 2, chunk_size, chunk_size)
+    d_squares = new(B, H, N, 2, chunk_size, chunk_size)
     IPC = chunk_precision(q.dtype, config.precision)
     BVA = min(BV, VALUE_SUB_TILE)
     delta_chunk_values_bwd_kernel[(N, H, B)](
@@ -641,12 +642,14 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     del d_u
+    d_pairs = new(B, H, N, 2, chunk_size, chunk_size)
     delta_chunk_solve_bwd_kernel[(N, H, B)](
         q, k, chunks.beta, chunks.gc, chunks.t_beta, chunks.w, d_query, d_w, d_kt, d_gamma, d_squares, d_pairs, d_beta,
         d_gc, T, N, H, K, q.stride(0), q.stride(1), sqh, C=chunk_size, BK1=BK1, BK2=BK2, KS1=min(BK1, SOLVE_KEY_TILE),
         KS2=min(max(BK2, 16), SOLVE_KEY_TILE), IP=IPC, IPS=solve_precision(q.dtype), num_warps=config.solve_warps,
         num_stages=config.num_stages,
     )
+    del d_squares
     KS = min(BK2 or BK1, QK_KEY_TILE)
     delta_chunk_qk_bwd_kernel[(N * (KP // KS), H, B)](
         q, k, chunks.beta, chunks.gc, chunks.t_beta, d_query, d_w, d_kt, d_pairs, dq, dk, T, N, H, K,
