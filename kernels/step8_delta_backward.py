@@ -65,21 +65,22 @@ VALUE_SUB_TILE = 32  # value columns the WY backward's pass over the values hold
 
 @triton.jit
 def carry_back(a1, a2, k_ptr, skt, w_ptr, gc_ptr, rc, T, K, BK1: tl.constexpr, BK2: tl.constexpr, IP: tl.constexpr):
-    """``(Φᵀ D)ᵀ = γ_C Dᵀ - ((Dᵀ Kᵀ) diag(γ_C / γ)) W`` for the adjoint held transposed, ``Dᵀ = [a1, a2]``
-    (``[BV, BK1 + BK2]``), through chunk ``Φ`` (pointers at its first row, rows ``rc < T`` valid). Transposed, the
-    chunk's factors K and W are the right operands of the products — read into shared memory, not held in
-    registers — and only ``BV``-row tiles are."""
+    """``(Φᵀ D)ᵀ = γ_C Dᵀ - ((K D)ᵀ diag(γ_C / γ)) W`` for the adjoint held transposed, ``Dᵀ = [a1, a2]``
+    (``[BV, BK1 + BK2]``), through chunk ``Φ`` (pointers at its first row, rows ``rc < T`` valid). Held transposed,
+    the adjoint is the right operand of ``K D`` and W the right operand of the update (both read from shared
+    memory), so that besides the adjoint only ``BV``-row tiles and one key tile of K stay in registers."""
     r1 = tl.arange(0, BK1)
     gc = tl.load(gc_ptr + rc)
     g_last = tl.load(gc_ptr + rc.shape[0] - 1)
     k_rows, w_rows = (k_ptr + rc * skt)[:, None], (w_ptr + rc * (BK1 + BK2))[:, None]  # the chunk's rows first: no
     # loop-invariant [C, BK] offsets for the compiler to hoist out of the walk and hold in registers
     k1 = tl.load(k_rows + r1[None, :], mask=(rc[:, None] < T) & (r1[None, :] < K), other=0.0)
-    e = tl.dot(a1, tl.trans(k1.to(a1.dtype)), input_precision=IP)  # Dᵀ Kᵀ: [BV, C]
+    e = tl.dot(k1.to(a1.dtype), tl.trans(a1), input_precision=IP)  # K D: [C, BV]
     if BK2 > 0:
         r2 = BK1 + tl.arange(0, BK2)
         k2 = tl.load(k_rows + r2[None, :], mask=(rc[:, None] < T) & (r2[None, :] < K), other=0.0)
-        e += tl.dot(a2, tl.trans(k2.to(a1.dtype)), input_precision=IP)
+        e += tl.dot(k2.to(a1.dtype), tl.trans(a2), input_precision=IP)
+    e = tl.trans(e)
     e *= tl.exp(g_last - gc)[None, :]
     decay = tl.exp(g_last)
     a1 = decay * a1 - tl.dot(e, tl.load(w_rows + r1[None, :]), input_precision=IP)
