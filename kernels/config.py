@@ -161,17 +161,21 @@ class DeltaLaunchConfig:
 
     key_tile: widest tile of the key dimension (``K`` up to twice this, split by :func:`key_tiles`);
     value_tile: ``BV``, the value columns one walk program carries (``V`` is cut into tiles of it);
-    grad_value_tile: the value tile of the level gradients (step 8), at most ``value_tile``;
-    num_warps: warps per program of the per-chunk kernels; walk_warps: of the level walks (forward and
-    backward); grad_warps: of the level gradients; num_stages: software-pipelining stages of every loop
-    (1: none; more prefetch the next chunk's factors but need shared memory for each stage);
+    grad_value_tile: the value tile of the level gradients (step 8), at most ``value_tile`` (16: at ``K = 192``,
+        ``V = 384`` their three kernels compile for Hopper at 8 warps without spilling registers; at 32 each spills);
+    num_warps: warps per program of the per-chunk kernels; solve_warps: of the WY backward's pass over the keys
+    and the triangular solve (step 8; its ``C × C`` products in tf32x3 spill registers at 4 warps);
+    walk_warps: of the level walks (forward and backward); grad_warps: of the level gradients;
+    num_stages: software-pipelining stages of every loop (1: none; more prefetch the next chunk's factors but need
+    shared memory for each stage);
     precision: a rung of :data:`DELTA_PRECISIONS` for fp16/bf16 calls.
     """
 
     key_tile: int = MAX_BLOCK
     value_tile: int = 64
-    grad_value_tile: int = 32
+    grad_value_tile: int = 16
     num_warps: int = 4
+    solve_warps: int = 8
     walk_warps: int = 8
     grad_warps: int = 8
     num_stages: int = 1

@@ -2,13 +2,13 @@
 
 The forward (step 7) carries, for each level ``ℓ`` and aligned block, a state ``S`` through chunk ``c``
 with ``S ← γ_C S + K̃ᵀ (u - W S)`` (``u = U₀`` in the left half, where the block's keys are written, 0 in
-the right half, where they are read: ``X_{c,ℓ} = S``, ``o += diag(λ_ℓ) query X_{c,ℓ}``). Three launches:
+the right half, where they are read: ``X_{c,ℓ} = S``, ``o += diag(λ_ℓ) query X_{c,ℓ}``). Three stages:
 
 1. :func:`level_walk_bwd_kernel` — every walk in reverse, all at once, carrying the adjoint ``D`` of the
    state (the transposed transition, ``Φᵀ D = γ_C D - Wᵀ (K̃ D)``) and adding each reader's
    ``queryᵀ diag(λ_ℓ) dO``. It stores ``D_{c,ℓ}``, the adjoint of the state *leaving* chunk ``c``, for every
    chunk and level. It needs no forward state: only the chunk factors and ``dO``.
-2. :func:`level_grad_kernel` — per chunk, every level's state entering it and adjoint leaving it.
+2. the level gradients — per chunk, every level's state entering it and adjoint leaving it.
    The state is ``X_{c,ℓ}`` where bit ``ℓ - 1`` of ``c`` is set (stored by step 7); where it is clear, the
    chunk is in the block's left half and the state is the part of that half before ``c`` — exactly the
    buckets of the lower set bits, ``Z_{c,ℓ} = Σ_{a < ℓ, bit a-1 set} X_{c,a}``, a running sum. Then
@@ -16,21 +16,31 @@ the right half, where they are read: ``X_{c,ℓ} = S``, ``o += diag(λ_ℓ) quer
        dW -= (K̃ D) Sᵀ,    dK̃ += (u - W S) Dᵀ,    dU₀ += K̃ D  (left halves),    dγ_C += <D, S>
        dquery += diag(λ_ℓ) dO Xᵀ,    dλ[:, c0 + ℓ] = rowsum(dO ⊙ query X)           (set bits)
 
-   summed over the levels and value tiles in registers.
-3. :func:`delta_chunk_bwd_kernel` — per chunk, through the WY form of step 6 to ``q, k, v, β`` and the
-   within-chunk cumulative decay, plus the intra-chunk product ``(P ⊙ Λ) V`` (``dv``, and ``dλ`` at levels
-   ``0..log2 C``). With ``R = T_β`` and ``Γ``, ``γ`` as in step 6:
+   summed over the levels and value tiles in registers. One launch per kind of output, each program holding
+   one ``[C, K]`` accumulator over all of K: :func:`level_write_grad_kernel` (dW, dU₀),
+   :func:`level_transition_grad_kernel` (dK̃, dγ_C), :func:`level_read_grad_kernel` (dquery, dλ). Each product
+   is computed once, and no program holds the live tiles of all three (a single kernel for every output spills
+   registers at ``K = 192``, ``V = 384``; these three do not).
+3. the WY backward, per chunk, through the WY form of step 6 to ``q, k, v, β`` and the within-chunk cumulative
+   decay, plus the intra-chunk product ``(P ⊙ Λ) V`` (``dv``, and ``dλ`` at levels ``0..log2 C``). With
+   ``R = T_β`` and ``Γ``, ``γ`` as in step 6:
 
        dT_β = dW (diag(βγ) K)ᵀ + dU₀ (diag(β) V)ᵀ + (Γ ⊙ Q Kᵀ)ᵀ dP diag(β)
        dA_β = -T_βᵀ dT_β T_βᵀ   (its strict lower part reaches β and Γ ⊙ K Kᵀ)
 
-   and ``dq``, ``dk`` from ``Q Kᵀ``, ``K Kᵀ``, ``W``, ``K̃`` and ``query``. The decay enters only through
+   and ``dq``, ``dk`` from ``Q Kᵀ``, ``K Kᵀ``, ``W``, ``K̃`` and ``query``. Three launches, each holding far fewer
+   tiles at once than one kernel for all of it (which spills registers heavily at ``K = 192``,
+   ``V = 384``): :func:`delta_chunk_values_bwd_kernel` (the value tiles: dv, dλ, dP and the
+   value share of dT_β and dβ), :func:`delta_chunk_solve_bwd_kernel` (the key tiles, the solve's backward; it
+   hands the gradients of ``Q Kᵀ`` and ``K Kᵀ`` on through a ``[C, C]`` pair per chunk) and
+   :func:`delta_chunk_qk_bwd_kernel` (dq, dk, one program per chunk and key tile). The decay enters only through
    quantities inside one chunk (``Γ``, ``γ``, ``γ_C``), so ``d log_decay`` is a reverse cumulative sum within
    each chunk: no error carried across the sequence.
 
-Memory: the adjoints are ``N · n`` blocks of ``K × V`` per head (fp32), alive during the backward only.
+Memory: the adjoints are ``N · n`` blocks of ``K × V`` per head (fp32), alive during the backward only; the WY
+backward hands two ``C × C`` pairs per chunk from launch to launch.
 Work: the reverse walks cost what the forward walks cost; the level gradients four ``[C, K] × [K, V]``-sized
-products per chunk and level.
+products per chunk and level and two more per read.
 """
 
 from __future__ import annotations
@@ -43,20 +53,39 @@ from ..fenwick import num_chunk_levels
 from .config import (DeltaLaunchConfig, accumulator_dtype, chunk_precision, dot_precision, key_tiles, level_block,
                      solve_precision)
 from .inputs import reverse_cumsum
-from .step6_delta_chunks import DeltaChunks, key_tile_products, load_rows, store_rows, value_tiles
-from .step7_delta_levels import first_slots, load_transition, walk_table
-from .tiles import decay_matrix, fenwick_levels, level_column, level_scale_matrix, level_sums, load_level_scales, load_tile, store_tile
+from .step6_delta_chunks import DeltaChunks, load_rows, store_rows, value_tiles
+from .step7_delta_levels import first_slots, walk_table
+from .tiles import (decay_matrix, fenwick_levels, level_column, level_scale_matrix, level_sums, load_level_scales,
+                    load_tile, store_tile)
+
+SOLVE_KEY_TILE = 32  # key columns the WY backward's pass over the keys holds at once (wider tiles spill registers)
+QK_KEY_TILE = 64  # key columns of one program of dq, dk (the rows of a Hopper product of the chunk's C × C blocks)
+VALUE_SUB_TILE = 32  # value columns the WY backward's pass over the values holds at once
 
 
 @triton.jit
-def carry_back(a1, a2, decay, kt1, kt2, w1, w2, BK2: tl.constexpr, IP: tl.constexpr):
-    """``Φᵀ D = γ_C D - Wᵀ (K̃ D)`` for the adjoint ``D = [a1; a2]`` (``[BK1 + BK2, BV]``)."""
-    e = tl.dot(kt1, a1, input_precision=IP)
+def carry_back(a1, a2, k_ptr, skt, w_ptr, gc_ptr, rc, T, K, BK1: tl.constexpr, BK2: tl.constexpr, IP: tl.constexpr):
+    """``(Φᵀ D)ᵀ = γ_C Dᵀ - ((K D)ᵀ diag(γ_C / γ)) W`` for the adjoint held transposed, ``Dᵀ = [a1, a2]``
+    (``[BV, BK1 + BK2]``), through chunk ``Φ`` (pointers at its first row, rows ``rc < T`` valid). Held transposed,
+    the adjoint is the right operand of ``K D`` and W the right operand of the update (both read from shared
+    memory), so that besides the adjoint only ``BV``-row tiles and one key tile of K stay in registers."""
+    r1 = tl.arange(0, BK1)
+    gc = tl.load(gc_ptr + rc)
+    g_last = tl.load(gc_ptr + rc.shape[0] - 1)
+    k_rows, w_rows = (k_ptr + rc * skt)[:, None], (w_ptr + rc * (BK1 + BK2))[:, None]  # the chunk's rows first: no
+    # loop-invariant [C, BK] offsets for the compiler to hoist out of the walk and hold in registers
+    k1 = tl.load(k_rows + r1[None, :], mask=(rc[:, None] < T) & (r1[None, :] < K), other=0.0)
+    e = tl.dot(k1.to(a1.dtype), tl.trans(a1), input_precision=IP)  # K D: [C, BV]
     if BK2 > 0:
-        e += tl.dot(kt2, a2, input_precision=IP)
-    a1 = decay * a1 - tl.dot(tl.trans(w1), e, input_precision=IP)
+        r2 = BK1 + tl.arange(0, BK2)
+        k2 = tl.load(k_rows + r2[None, :], mask=(rc[:, None] < T) & (r2[None, :] < K), other=0.0)
+        e += tl.dot(k2.to(a1.dtype), tl.trans(a2), input_precision=IP)
+    e = tl.trans(e)
+    e *= tl.exp(g_last - gc)[None, :]
+    decay = tl.exp(g_last)
+    a1 = decay * a1 - tl.dot(e, tl.load(w_rows + r1[None, :]), input_precision=IP)
     if BK2 > 0:
-        a2 = decay * a2 - tl.dot(tl.trans(w2), e, input_precision=IP)
+        a2 = decay * a2 - tl.dot(e, tl.load(w_rows + r2[None, :]), input_precision=IP)
     return a1, a2
 
 
@@ -69,303 +98,486 @@ def level_walk_bwd_kernel(
     BV: tl.constexpr, VP: tl.constexpr, IP: tl.constexpr,
 ):
     """Grid ``(VP / BV, B·H, walks)``, as the forward walks. do: [B, T, H, V]; d: [B, H, N, n_levels, BK1 + BK2, VP] receives the
-    adjoint of each level's state leaving each chunk (zero after the last reader)."""
+    adjoint of each level's state leaving each chunk (zero after the last reader). The adjoint is carried transposed
+    (``[BV, BK1 + BK2]``, :func:`carry_back`): the reads add ``(diag(λ_ℓ) dO)ᵀ query``."""
     i_v, i_bh, i_w = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
+    KP = BK1 + BK2
     level = tl.load(walks_ptr + 2 * i_w)
     start = tl.load(walks_ptr + 2 * i_w + 1)
     half = 1 << (level - 1)
-    rc, rv, r1 = tl.arange(0, C), i_v * BV + tl.arange(0, BV), tl.arange(0, BK1)
+    rc, rv, r1 = tl.arange(0, C), tl.arange(0, BV), tl.arange(0, BK1)
     k_ptr += i_b.to(tl.int64) * skb + i_h * skh
-    lam_ptr += i_b.to(tl.int64) * slb + i_h * slh
-    do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh
+    lam_ptr += i_b.to(tl.int64) * slb + i_h * slh + C_LOG + level
+    do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh + i_v * BV
     base = i_bh.to(tl.int64) * N * C
-    d_ptr += (i_bh.to(tl.int64) * N * n_levels + level - 1) * (BK1 + BK2) * VP + rv[None, :]
-    a1 = tl.zeros((BK1, BV), dtype=gc_ptr.dtype.element_ty)
-    a2 = tl.zeros((BK2P, BV), dtype=gc_ptr.dtype.element_ty)
+    gc_ptr += base
+    w_ptr += base * KP
+    query_ptr += base * KP
+    d_ptr += (i_bh.to(tl.int64) * N * n_levels + level - 1) * KP * VP + i_v * BV
+    a1 = tl.zeros((BV, BK1), dtype=gc_ptr.dtype.element_ty)
+    a2 = tl.zeros((BV, BK2P), dtype=gc_ptr.dtype.element_ty)
+    store_adjoint(d_ptr, tl.minimum(start + 2 * half - 1, N - 1), n_levels, KP, VP, rv, a1, a2, BK1, BK2)
     for i in range(half):  # the right half, backwards: each reader adds its queries' gradient
         c = start + 2 * half - 1 - i
         if c < N:
-            slot = d_ptr + c.to(tl.int64) * n_levels * (BK1 + BK2) * VP
-            tl.store(slot + r1[:, None] * VP, a1)
+            a1, a2 = carry_back(a1, a2, k_ptr + (c * C).to(tl.int64) * skt, skt, w_ptr + c * C * KP, gc_ptr + c * C,
+                                rc, T - c * C, K, BK1, BK2, IP)
+            lam = tl.load(lam_ptr + (c * C + rc).to(tl.int64) * slt, mask=(c * C + rc < T) & (rc * 0 + C_LOG + level < L),
+                          other=0.0)
+            at = (c * C + rc[None, :]).to(tl.int64) * sdot + rv[:, None]
+            scaled = tl.load(do_ptr + at, mask=(c * C + rc[None, :] < T) & (i_v * BV + rv[:, None] < V), other=0.0)
+            scaled = scaled.to(a1.dtype) * lam.to(a1.dtype)[None, :]  # (diag(λ_ℓ) dO)ᵀ: [BV, C]
+            query = (query_ptr + c * C * KP + rc * KP)[:, None]
+            a1 += tl.dot(scaled, tl.load(query + r1[None, :]), input_precision=IP)
             if BK2 > 0:
-                tl.store(slot + (BK1 + tl.arange(0, BK2))[:, None] * VP, a2)
-            t = c * C + rc
-            decay, kt1, kt2, w1, w2 = load_transition(k_ptr, skt, w_ptr, gc_ptr, t, base + t, base + c * C + C - 1, T, K,
-                                                      BK1, BK2)
-            a1, a2 = carry_back(a1, a2, decay, kt1, kt2, w1, w2, BK2, IP)
-            lam = tl.load(lam_ptr + t.to(tl.int64) * slt + C_LOG + level, mask=(t < T) & (t * 0 + C_LOG + level < L), other=0.0)
-            scaled = load_tile(do_ptr, sdot, t, T, rv, V).to(a1.dtype) * lam.to(a1.dtype)[:, None]
-            a1 += tl.dot(tl.trans(load_rows(query_ptr, BK1 + BK2, base + t, r1)), scaled, input_precision=IP)
-            if BK2 > 0:
-                r2 = BK1 + tl.arange(0, BK2)
-                a2 += tl.dot(tl.trans(load_rows(query_ptr, BK1 + BK2, base + t, r2)), scaled, input_precision=IP)
-    for i in range(half):  # the left half, backwards: only the transitions
+                a2 += tl.dot(scaled, tl.load(query + (BK1 + tl.arange(0, BK2))[None, :]), input_precision=IP)
+            store_adjoint(d_ptr, c - 1, n_levels, KP, VP, rv, a1, a2, BK1, BK2)  # leaving chunk c - 1
+    for i in range(half - 1):  # the left half, backwards: only the transitions
         c = start + half - 1 - i
-        slot = d_ptr + c.to(tl.int64) * n_levels * (BK1 + BK2) * VP
-        tl.store(slot + r1[:, None] * VP, a1)
-        if BK2 > 0:
-            tl.store(slot + (BK1 + tl.arange(0, BK2))[:, None] * VP, a2)
-        if i + 1 < half:
-            t = c * C + rc
-            decay, kt1, kt2, w1, w2 = load_transition(k_ptr, skt, w_ptr, gc_ptr, t, base + t, base + c * C + C - 1, T, K,
-                                                      BK1, BK2)
-            a1, a2 = carry_back(a1, a2, decay, kt1, kt2, w1, w2, BK2, IP)
+        a1, a2 = carry_back(a1, a2, k_ptr + (c * C).to(tl.int64) * skt, skt, w_ptr + c * C * KP, gc_ptr + c * C,
+                            rc, T - c * C, K, BK1, BK2, IP)
+        store_adjoint(d_ptr, c - 1, n_levels, KP, VP, rv, a1, a2, BK1, BK2)
 
 
 @triton.jit
-def level_grad_kernel(
-    k_ptr, w_ptr, u_ptr, query_ptr, gc_ptr, lam_ptr, do_ptr, x_ptr, first_ptr, d_ptr,
-    dquery_ptr, dw_ptr, dkt_ptr, du_ptr, dgamma_ptr, dlam_ptr,
-    T, N, H, K, V, L, n_levels, NX,
-    skb, skt, skh, slb, slt, slh, sdob, sdot, sdoh, sdlb, sdlt, sdlh,
-    C: tl.constexpr, C_LOG: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr,
-    VP: tl.constexpr, BL: tl.constexpr, OWN: tl.constexpr, BKO: tl.constexpr, IP: tl.constexpr,
+def store_adjoint(d_ptr, c, n_levels, KP, VP, rv, a1, a2, BK1: tl.constexpr, BK2: tl.constexpr):
+    """Store the transposed adjoint ``Dᵀ = [a1, a2]`` (``[BV, BK1 + BK2]``) as chunk ``c``'s ``[KP, VP]`` block of
+    the walk's level (``d_ptr`` at chunk 0 and the program's value columns), each value column ``rv`` a column."""
+    slot = (d_ptr + c.to(tl.int64) * n_levels * KP * VP + rv)[:, None]
+    tl.store(slot + tl.arange(0, BK1)[None, :] * VP, a1)
+    if BK2 > 0:
+        tl.store(slot + (BK1 + tl.arange(0, BK2))[None, :] * VP, a2)
+
+
+@triton.jit
+def entering_state(states_ptr, z, read, rk, rv, VP):
+    """One level's state ``S`` entering the chunk, ``[BK, BV]`` (key rows ``rk``, value columns ``rv``): the stored
+    read state ``X`` at ``states_ptr`` where the chunk reads (the block's right half), else ``Z``, the running
+    sum of the lower buckets' read states (in the left half, the block's state before the chunk)."""
+    s = z
+    if read:
+        s = tl.load(states_ptr + rk[:, None] * VP + rv[None, :])
+    return s
+
+
+@triton.jit
+def chunk_rows(x_ptr, first_ptr, i_c, i_bh, N, NX, C: tl.constexpr, KP, VP):
+    """``(row0, x_ptr, first)`` of chunk ``i_c`` of head ``i_bh``: its first row in the ``[B, H, N·C, ...]``
+    buffers, the head's read states ``X`` (``[NX, KP, VP]``) and the chunk's first read-state slot."""
+    return i_bh.to(tl.int64) * N * C + i_c * C, x_ptr + i_bh.to(tl.int64) * NX * KP * VP, tl.load(first_ptr + i_c)
+
+
+@triton.jit
+def level_write_grad_kernel(
+    k_ptr, gc_ptr, x_ptr, first_ptr, d_ptr, dw_ptr, du_ptr, T, N, H, K, n_levels, NX, skb, skt, skh,
+    C: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr, IP: tl.constexpr,
 ):
-    """Grid ``(N, B·H)``. Writes, for chunk ``i_c``, the key tile ``OWN`` (0: columns ``0..BK1``, 1: the next
-    ``BK2``; ``BKO`` its width) of dquery, dw, dkt ``[B, H, N·C, BK1 + BK2]`` (fp32); with ``OWN = 0`` also du ``[B, H, N·C, VP]``, dgamma
-    ``[B, H, N]`` (the gradient of ``γ_C``) and dlam's chunk-level columns. Products over all of K (``K̃ D``,
-    ``W S``, ``query X``) use both tiles; only the accumulated outputs are split, so a launch per tile holds
-    three ``[C, BK]`` accumulators."""
+    """Grid ``(N, B·H)``. The gradients of what chunk ``i_c`` writes into a level: with ``E = K̃ D`` (``[C, BV]``
+    per value tile),
+
+        dW = -Σ_ℓ E Sᵀ,    dU₀ = Σ_{ℓ: left half} E
+
+    k: [B, T, H or 1, K]; d: the adjoints ``[B, H, N, n_levels, BK1 + BK2, VP]``; x: the read states
+    ``[B, H, NX, BK1 + BK2, VP]``; writes dw ``[B, H, N·C, BK1 + BK2]`` and du ``[B, H, N·C, VP]`` (fp32)."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    rc, r1, cols = tl.arange(0, C), tl.arange(0, BK1), tl.arange(0, BL)
     KP = BK1 + BK2
+    row0, x_ptr, first = chunk_rows(x_ptr, first_ptr, i_c, i_bh, N, NX, C, KP, VP)
+    d_ptr += (i_bh.to(tl.int64) * N + i_c) * n_levels * KP * VP  # the chunk's adjoints, [n_levels, KP, VP]
+    k_ptr += (i_bh // H).to(tl.int64) * skb + (i_bh % H) * skh
+    rc, r1 = tl.arange(0, C), tl.arange(0, BK1)
     t = i_c * C + rc
-    base = i_bh.to(tl.int64) * N * C
-    rows = base + t
-    k_ptr += i_b.to(tl.int64) * skb + i_h * skh
-    do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh
-    x_ptr += i_bh.to(tl.int64) * NX * KP * VP
-    d_ptr += (i_bh.to(tl.int64) * N + i_c) * n_levels * KP * VP
-    last = base + i_c * C + C - 1
-    lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + i_h * slh, slt, t, T, L, BL, gc_ptr.dtype.element_ty)
-    if OWN == 0:
-        r_own = r1
-    else:
-        r_own = BK1 + tl.arange(0, BK2)
+    gc = tl.load(gc_ptr + row0 + rc)
+    ratio = tl.exp(tl.load(gc_ptr + row0 + C - 1) - gc)
+    kt1 = load_tile(k_ptr, skt, t, T, r1, K).to(gc.dtype) * ratio[:, None]
+    d_w1 = tl.zeros((C, BK1), dtype=gc.dtype)
     if BK2 > 0:
         r2 = BK1 + tl.arange(0, BK2)
-    d_query = tl.zeros((C, BKO), dtype=lam.dtype)
-    d_w = tl.zeros((C, BKO), dtype=lam.dtype)
-    d_kt = tl.zeros((C, BKO), dtype=lam.dtype)
-    d_gamma = tl.sum(tl.zeros((C,), dtype=lam.dtype), 0)
-    dlam = tl.zeros((C, BL), dtype=lam.dtype)
-    first = tl.load(first_ptr + i_c)
+        kt2 = load_tile(k_ptr, skt, t, T, r2, K).to(gc.dtype) * ratio[:, None]
+        d_w2 = tl.zeros((C, BK2), dtype=gc.dtype)
     for i_v in range(VP // BV):
         rv = i_v * BV + tl.arange(0, BV)
-        do = load_tile(do_ptr, sdot, t, T, rv, V).to(lam.dtype)
-        du = tl.zeros((C, BV), dtype=lam.dtype)
-        z1 = tl.zeros((BK1, BV), dtype=lam.dtype)  # Z: the lower buckets' states, the left-half state
+        d_u = tl.zeros((C, BV), dtype=gc.dtype)
+        z1 = tl.zeros((BK1, BV), dtype=gc.dtype)
         if BK2 > 0:
-            z2 = tl.zeros((BK2, BV), dtype=lam.dtype)
+            z2 = tl.zeros((BK2, BV), dtype=gc.dtype)
         slot = first
         for level in range(1, n_levels + 1):
-            read = ((i_c >> (level - 1)) & 1) == 1
             if ((i_c >> level) << level) + (1 << (level - 1)) < N:  # this level's walk passes through chunk i_c
-                adjoint = d_ptr + (level - 1) * KP * VP + rv[None, :]
-                states = x_ptr + slot.to(tl.int64) * KP * VP + rv[None, :]
-                decay, kt1, kt2, w1, w2 = load_transition(k_ptr, skt, w_ptr, gc_ptr, t, rows, last, T, K, BK1, BK2)
-                d1 = tl.load(adjoint + r1[:, None] * VP)
+                read = ((i_c >> (level - 1)) & 1) == 1
+                adjoint = d_ptr + (level - 1) * KP * VP
+                states = x_ptr + slot.to(tl.int64) * KP * VP
+                d1 = tl.load(adjoint + r1[:, None] * VP + rv[None, :])
+                s1 = entering_state(states, z1, read, r1, rv, VP)
                 e = tl.dot(kt1, d1, input_precision=IP)
-                s1 = z1  # the left half of the block: the state is Z, and the chunk writes U₀ ...
                 if BK2 > 0:
-                    d2 = tl.load(adjoint + r2[:, None] * VP)
+                    d2 = tl.load(adjoint + r2[:, None] * VP + rv[None, :])
+                    s2 = entering_state(states, z2, read, r2, rv, VP)
                     e += tl.dot(kt2, d2, input_precision=IP)
-                    s2 = z2
-                if read:  # ... the right half: the state is the stored read state X, and nothing is written
-                    s1 = tl.load(states + r1[:, None] * VP)
-                    x_read = tl.dot(load_rows(query_ptr, KP, rows, r1), s1, input_precision=IP)
-                    if BK2 > 0:
-                        s2 = tl.load(states + r2[:, None] * VP)
-                        x_read += tl.dot(load_rows(query_ptr, KP, rows, r2), s2, input_precision=IP)
-                    s_own = tl.load(states + r_own[:, None] * VP)
-                    d_query += level_column(lam, C_LOG + level, BL)[:, None] * tl.dot(do, tl.trans(s_own),
-                                                                                        input_precision=IP)
-                    dlam = tl.where(cols[None, :] == C_LOG + level, dlam + tl.sum(do * x_read, 1)[:, None], dlam)
-                writes = tl.where(read, 0.0, 1.0)
-                pseudo = load_rows(u_ptr, VP, rows, rv) * writes - tl.dot(w1, s1, input_precision=IP)
-                if BK2 > 0:
-                    pseudo -= tl.dot(w2, s2, input_precision=IP)
-                if OWN == 0:
-                    d_w -= tl.dot(e, tl.trans(s1), input_precision=IP)
-                    d_kt += tl.dot(pseudo, tl.trans(d1), input_precision=IP)
-                    du += e * writes
-                    d_gamma += tl.sum(tl.sum(d1 * s1, 1), 0)
-                    if BK2 > 0:
-                        d_gamma += tl.sum(tl.sum(d2 * s2, 1), 0)
-                else:
-                    d_w -= tl.dot(e, tl.trans(s2), input_precision=IP)
-                    d_kt += tl.dot(pseudo, tl.trans(d2), input_precision=IP)
+                    d_w2 -= tl.dot(e, tl.trans(s2), input_precision=IP)
+                d_w1 -= tl.dot(e, tl.trans(s1), input_precision=IP)
+                d_u += e * tl.where(read, 0.0, 1.0)
                 if read:
                     z1 += s1
                     if BK2 > 0:
                         z2 += s2
                     slot += 1
-        if OWN == 0:
-            store_rows(du_ptr, VP, rows, rv, du)
-    store_rows(dquery_ptr, KP, rows, r_own, d_query)
-    store_rows(dw_ptr, KP, rows, r_own, d_w)
-    store_rows(dkt_ptr, KP, rows, r_own, d_kt)
-    if OWN == 0:
-        tl.store(dgamma_ptr + i_bh.to(tl.int64) * N + i_c, d_gamma)
-        mask = (t[:, None] < T) & (cols[None, :] > C_LOG) & (cols[None, :] < L)
-        dlam_ptr += i_b.to(tl.int64) * sdlb + i_h * sdlh
-        tl.store(dlam_ptr + t[:, None].to(tl.int64) * sdlt + cols[None, :], dlam.to(dlam_ptr.dtype.element_ty),
-                 mask=mask)
-
-
-@triton.jit
-def wy_key_part(dquery, dw, t_beta, scores, IP: tl.constexpr):
-    """One key tile's share of the WY backward: ``(dW, dKb)`` with ``dW`` the total gradient of ``W`` (its own
-    plus ``query``'s ``-(Γ ⊙ Q Kᵀ)ᵀ dquery``) and ``dKb = T_βᵀ dW``, the gradient of ``diag(βγ) K``."""
-    d_w = dw - tl.dot(tl.trans(scores), dquery, input_precision=IP)
-    return d_w, tl.dot(tl.trans(t_beta), d_w, input_precision=IP)
-
-
-@triton.jit
-def wy_key_tile(q, k, cols, dquery_ptr, dw_ptr, dkt_ptr, w_ptr, rows, KP, t_beta, scores, beta, gamma, write,
-                d_scores, d_t, d_beta, d_gamma, d_ratio, IP: tl.constexpr):
-    """One key tile (columns ``cols`` of the ``[B, H, N·C, KP]`` buffers) back through
-    ``query = diag(γ) Q - (Γ ⊙ Q Kᵀ) W`` and ``W = T_β diag(βγ) K``: returns its ``dquery``, ``dK̃`` and ``dKb``
-    (:func:`wy_key_part`), and the accumulators ``d(Γ ⊙ Q Kᵀ)``, ``dT_β``, ``dβ``, ``dγ`` and ``d(γ_C / γ)`` with
-    the tile's terms added."""
-    dquery = load_rows(dquery_ptr, KP, rows, cols)
-    dkt = load_rows(dkt_ptr, KP, rows, cols)
-    k = k.to(d_gamma.dtype)
-    d_gamma += tl.sum(q.to(d_gamma.dtype) * dquery, 1)
-    d_scores -= tl.dot(dquery, tl.trans(load_rows(w_ptr, KP, rows, cols)), input_precision=IP)
-    d_w, d_kb = wy_key_part(dquery, load_rows(dw_ptr, KP, rows, cols), t_beta, scores, IP)
-    d_t += tl.dot(d_w, tl.trans(k * write[:, None]), input_precision=IP)
-    kd = tl.sum(k * d_kb, 1)
-    d_beta += gamma * kd
-    d_gamma += beta * kd
-    d_ratio += tl.sum(k * dkt, 1)
-    return dquery, dkt, d_kb, d_scores, d_t, d_beta, d_gamma, d_ratio
-
-
-@triton.jit
-def store_qk_grads(q_ptr, k_ptr, stride_in, dq_ptr, dk_ptr, stride_t, t, T, cols, width, dquery, dkt, d_kb, d_qk,
-                   d_keys, gamma, write, ratio, IP: tl.constexpr):
-    """dq and dk of one key tile, stored at columns ``cols`` (``width`` valid): ``dq = diag(γ) dquery + dQK K``,
-    ``dk = diag(βγ) dKb + diag(γ_C / γ) dK̃ + dKK K + dQKᵀ Q`` (``dQK``, ``dKK`` the gradients of ``Q Kᵀ``,
-    ``K Kᵀ``). The tile's q and k are read again here (row stride ``stride_in``) rather than kept from the
-    kernel's start: a kept tile stays in shared memory, as a product's operand, through the whole WY backward
-    (four ``[C, 128]`` fp32 tiles are 128 KiB at ``K = 256``)."""
-    q = load_tile(q_ptr, stride_in, t, T, cols, width).to(dquery.dtype)
-    k = load_tile(k_ptr, stride_in, t, T, cols, width).to(dquery.dtype)
-    dq = dquery * gamma[:, None] + tl.dot(d_qk, k, input_precision=IP)
-    dk = (d_kb * write[:, None] + dkt * ratio[:, None] + tl.dot(d_keys, k, input_precision=IP)
-          + tl.dot(tl.trans(d_qk), q, input_precision=IP))
-    store_tile(dq_ptr, stride_t, t, T, cols, width, dq)
-    store_tile(dk_ptr, stride_t, t, T, cols, width, dk)
-
-
-@triton.jit
-def delta_chunk_bwd_kernel(
-    q_ptr, k_ptr, v_ptr, lam_ptr, do_ptr, beta_ptr, gc_ptr, tb_ptr, p_ptr, w_ptr,
-    dquery_ptr, dw_ptr, dkt_ptr, du_ptr, dgamma_ptr,
-    dq_ptr, dk_ptr, dv_ptr, dlam_ptr, dbeta_ptr, dgc_ptr,
-    T, N, H, K, V, L,
-    sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdvb, sdvt, sdvh, sdlb, sdlt, sdlh,
-    C: tl.constexpr, C_LOG: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr,
-    NV: tl.constexpr, BL: tl.constexpr, IP: tl.constexpr, IPS: tl.constexpr,
-):
-    """Grid ``(N, H, B)``. Reads step 6's factors and :func:`level_grad_kernel`'s outputs; writes dq, dk (fp32
-    ``[B, T, H, K]``, per head), dv ``[B, T, H, V]``, dlam's columns ``0..C_LOG``, dbeta and dgc (fp32
-    ``[B, H, N·C]``, the gradient of the within-chunk cumulative decay)."""
-    i_c, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    bh = (i_b * H + i_h).to(tl.int64)
-    rc, r1 = tl.arange(0, C), tl.arange(0, BK1)
-    KP = BK1 + BK2
-    VP = NV * BV
-    t = i_c * C + rc
-    rows = bh * N * C + t
-    q_ptr += i_b.to(tl.int64) * sqb + i_h * sqh
-    k_ptr += i_b.to(tl.int64) * sqb + i_h * sqh
-    v_ptr += i_b.to(tl.int64) * svb + i_h * svh
-    do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh
-    dv_ptr += i_b.to(tl.int64) * sdvb + i_h * sdvh
-    gc = tl.load(gc_ptr + rows)
-    beta = tl.load(beta_ptr + rows)
-    g_last = tl.load(gc_ptr + bh * N * C + i_c * C + C - 1)
-    gamma = tl.exp(gc)
-    ratio = tl.exp(g_last - gc)
-    write = beta * gamma
-    decay = decay_matrix(gc, C)
-    square = (bh * N + i_c) * C * C + rc[:, None] * C + rc[None, :]
-    t_beta = tl.load(tb_ptr + square)
-    intra = tl.load(p_ptr + square)
-    q1, k1, qk, kk = key_tile_products(q_ptr, k_ptr, sqt, t, T, r1, K, IP)
+        store_rows(du_ptr + row0 * VP, VP, rc, rv, d_u)
+    store_rows(dw_ptr + row0 * KP, KP, rc, r1, d_w1)
     if BK2 > 0:
-        r2 = tl.arange(0, BK2)
-        q2, k2, qk2, kk2 = key_tile_products(q_ptr + BK1, k_ptr + BK1, sqt, t, T, r2, K - BK1, IP)
-        qk += qk2
-        kk += kk2
-    scores = decay * qk  # Γ ⊙ Q Kᵀ
-    solved = tl.dot(scores, t_beta, input_precision=IPS)  # P = solved · diag(β)
-    lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + i_h * slh, slt, t, T, L, BL, gc.dtype)
+        store_rows(dw_ptr + row0 * KP, KP, rc, r2, d_w2)
+
+
+@triton.jit
+def level_transition_grad_kernel(
+    w_ptr, u_ptr, x_ptr, first_ptr, d_ptr, dkt_ptr, dgamma_ptr, N, n_levels, NX,
+    C: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr, IP: tl.constexpr,
+):
+    """Grid ``(N, B·H)``. The gradients of the decayed keys and the decay of chunk ``i_c``'s step
+    ``S ← γ_C S + K̃ᵀ (u - W S)`` (``u = U₀`` in left halves, 0 in right halves):
+
+        dK̃ = Σ_ℓ (u - W S) Dᵀ,    dγ_C = Σ_ℓ <D, S>
+
+    d, x as :func:`level_write_grad_kernel`'s; writes dkt ``[B, H, N·C, BK1 + BK2]`` and dgamma ``[B, H, N]``."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    KP = BK1 + BK2
+    row0, x_ptr, first = chunk_rows(x_ptr, first_ptr, i_c, i_bh, N, NX, C, KP, VP)
+    d_ptr += (i_bh.to(tl.int64) * N + i_c) * n_levels * KP * VP  # the chunk's adjoints, [n_levels, KP, VP]
+    rc, r1 = tl.arange(0, C), tl.arange(0, BK1)
+    w1 = load_rows(w_ptr + row0 * KP, KP, rc, r1)
+    d_kt1 = tl.zeros((C, BK1), dtype=w1.dtype)
+    if BK2 > 0:
+        r2 = BK1 + tl.arange(0, BK2)
+        w2 = load_rows(w_ptr + row0 * KP, KP, rc, r2)
+        d_kt2 = tl.zeros((C, BK2), dtype=w1.dtype)
+    d_gamma = tl.sum(tl.zeros((C,), dtype=w1.dtype), 0)
+    for i_v in range(VP // BV):
+        rv = i_v * BV + tl.arange(0, BV)
+        u = load_rows(u_ptr + row0 * VP, VP, rc, rv)
+        z1 = tl.zeros((BK1, BV), dtype=w1.dtype)
+        if BK2 > 0:
+            z2 = tl.zeros((BK2, BV), dtype=w1.dtype)
+        slot = first
+        for level in range(1, n_levels + 1):
+            if ((i_c >> level) << level) + (1 << (level - 1)) < N:
+                read = ((i_c >> (level - 1)) & 1) == 1
+                adjoint = d_ptr + (level - 1) * KP * VP
+                states = x_ptr + slot.to(tl.int64) * KP * VP
+                s1 = entering_state(states, z1, read, r1, rv, VP)
+                pseudo = u * tl.where(read, 0.0, 1.0) - tl.dot(w1, s1, input_precision=IP)
+                if BK2 > 0:
+                    s2 = entering_state(states, z2, read, r2, rv, VP)
+                    pseudo -= tl.dot(w2, s2, input_precision=IP)
+                    d2 = tl.load(adjoint + r2[:, None] * VP + rv[None, :])
+                    d_kt2 += tl.dot(pseudo, tl.trans(d2), input_precision=IP)
+                    d_gamma += tl.sum(tl.sum(d2 * s2, 1), 0)
+                d1 = tl.load(adjoint + r1[:, None] * VP + rv[None, :])
+                d_kt1 += tl.dot(pseudo, tl.trans(d1), input_precision=IP)
+                d_gamma += tl.sum(tl.sum(d1 * s1, 1), 0)
+                if read:
+                    z1 += s1
+                    if BK2 > 0:
+                        z2 += s2
+                    slot += 1
+    store_rows(dkt_ptr + row0 * KP, KP, rc, r1, d_kt1)
+    if BK2 > 0:
+        store_rows(dkt_ptr + row0 * KP, KP, rc, r2, d_kt2)
+    tl.store(dgamma_ptr + i_bh.to(tl.int64) * N + i_c, d_gamma)
+
+
+@triton.jit
+def level_read_grad_kernel(
+    query_ptr, lam_ptr, do_ptr, x_ptr, first_ptr, dquery_ptr, dlam_ptr, T, N, H, V, L, n_levels, NX,
+    slb, slt, slh, sdob, sdot, sdoh, sdlb, sdlt, sdlh,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr,
+    VP: tl.constexpr, BL: tl.constexpr, IP: tl.constexpr,
+):
+    """Grid ``(N, B·H)``. The gradients of chunk ``i_c``'s reads ``o += diag(λ_ℓ) query X_ℓ`` (bit ``ℓ - 1`` of
+    ``i_c`` set):
+
+        dquery = Σ_ℓ diag(λ_ℓ) dO X_ℓᵀ,    dλ[:, c0 + ℓ] = rowsum(dO ⊙ query X_ℓ)
+
+    lam: [B, T, H, L]; do: [B, T, H, V]; x as :func:`level_write_grad_kernel`'s; writes dquery
+    ``[B, H, N·C, BK1 + BK2]`` (fp32) and dlam's chunk-level columns (``[B, T, H, L]``)."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    KP = BK1 + BK2
+    row0, x_ptr, first = chunk_rows(x_ptr, first_ptr, i_c, i_bh, N, NX, C, KP, VP)
+    lam_ptr += i_b.to(tl.int64) * slb + i_h * slh
+    do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh
+    dlam_ptr += i_b.to(tl.int64) * sdlb + i_h * sdlh
+    rc, r1, cols = tl.arange(0, C), tl.arange(0, BK1), tl.arange(0, BL)
+    t = i_c * C + rc
+    query1 = load_rows(query_ptr + row0 * KP, KP, rc, r1)
+    lam = load_level_scales(lam_ptr, slt, t, T, L, BL, query1.dtype)
+    d_query1 = tl.zeros((C, BK1), dtype=query1.dtype)
+    if BK2 > 0:
+        r2 = BK1 + tl.arange(0, BK2)
+        query2 = load_rows(query_ptr + row0 * KP, KP, rc, r2)
+        d_query2 = tl.zeros((C, BK2), dtype=query1.dtype)
+    dlam = tl.zeros((C, BL), dtype=query1.dtype)
+    for i_v in range(VP // BV):
+        rv = i_v * BV + tl.arange(0, BV)
+        do = load_tile(do_ptr, sdot, t, T, rv, V).to(query1.dtype)
+        slot = first
+        for level in range(1, n_levels + 1):
+            if ((i_c >> (level - 1)) & 1) == 1:
+                states = x_ptr + slot.to(tl.int64) * KP * VP
+                lam_level = level_column(lam, C_LOG + level, BL)[:, None]
+                x1 = tl.load(states + r1[:, None] * VP + rv[None, :])
+                x_read = tl.dot(query1, x1, input_precision=IP)
+                d_query1 += lam_level * tl.dot(do, tl.trans(x1), input_precision=IP)
+                if BK2 > 0:
+                    x2 = tl.load(states + r2[:, None] * VP + rv[None, :])
+                    x_read += tl.dot(query2, x2, input_precision=IP)
+                    d_query2 += lam_level * tl.dot(do, tl.trans(x2), input_precision=IP)
+                dlam = tl.where(cols[None, :] == C_LOG + level, dlam + tl.sum(do * x_read, 1)[:, None], dlam)
+                slot += 1
+    store_rows(dquery_ptr + row0 * KP, KP, rc, r1, d_query1)
+    if BK2 > 0:
+        store_rows(dquery_ptr + row0 * KP, KP, rc, r2, d_query2)
+    mask = (t[:, None] < T) & (cols[None, :] > C_LOG) & (cols[None, :] < L)
+    tl.store(dlam_ptr + t[:, None].to(tl.int64) * sdlt + cols[None, :], dlam.to(dlam_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def delta_chunk_values_bwd_kernel(
+    v_ptr, lam_ptr, do_ptr, beta_ptr, tb_ptr, p_ptr, du_ptr, dv_ptr, dlam_ptr, dsq_ptr, dbeta_ptr,
+    T, N, H, V, L,
+    svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdvb, sdvt, sdvh, sdlb, sdlt, sdlh,
+    C: tl.constexpr, C_LOG: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, BL: tl.constexpr, IP: tl.constexpr,
+):
+    """Grid ``(N, H, B)``. The values' share of the WY backward, tile by tile of ``BV`` value columns: through the
+    intra-chunk product ``(P ⊙ Λ) V`` and ``U₀ = T_β diag(β) V``,
+
+        dv = (P ⊙ Λ)ᵀ dO + diag(β) T_βᵀ dU₀,      dλ[:, l] = Σ_{j: level(i, j) = l} (dO Vᵀ ⊙ P)[i, j]  (l <= C_LOG)
+        dP = causal(dO Vᵀ ⊙ Λ),      dT_β ∋ dU₀ (diag(β) V)ᵀ,      dβ ∋ rowsum(V ⊙ T_βᵀ dU₀)
+
+    v, do, dv: [B, T, H, V]; lam, dlam: [B, T, H, L]; du: [B, H, N·C, NV·BV]; writes dv, dlam's columns
+    ``0..C_LOG``, dsq ``[B, H, N, 2, C, C]`` (the value share of dT_β, then dP) and dbeta's value share
+    (``[B, H, N·C]``, fp32): :func:`delta_chunk_keys_bwd_kernel` finishes both."""
+    i_c, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    chunk = (i_b * H + i_h).to(tl.int64) * N + i_c
+    rc = tl.arange(0, C)
+    t = i_c * C + rc
+    v_ptr += i_b.to(tl.int64) * svb + i_h * svh + (i_c * C).to(tl.int64) * svt
+    do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh + (i_c * C).to(tl.int64) * sdot
+    dv_ptr += i_b.to(tl.int64) * sdvb + i_h * sdvh + (i_c * C).to(tl.int64) * sdvt
+    du_ptr += chunk * C * NV * BV
+    within = rc[:, None] * C + rc[None, :]  # offsets inside a C × C block
+    beta = tl.load(beta_ptr + chunk * C + rc)
+    t_beta = tl.load(tb_ptr + chunk * C * C + within)
+    lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + i_h * slh, slt, t, T, L, BL, beta.dtype)
     levels = fenwick_levels(C, C_LOG)
-    scales = level_scale_matrix(lam, levels, C_LOG, BL)
-    weights = intra * scales
-    # values: the intra-chunk product and U₀ = T_β diag(β) V
-    d_pairs = tl.zeros((C, C), dtype=gc.dtype)  # dO Vᵀ
-    d_t = tl.zeros((C, C), dtype=gc.dtype)
-    d_beta = tl.zeros((C,), dtype=gc.dtype)
+    weights = tl.load(p_ptr + chunk * C * C + within) * level_scale_matrix(lam, levels, C_LOG, BL)
+    d_pairs = tl.zeros((C, C), dtype=beta.dtype)  # dO Vᵀ
+    d_t = tl.zeros((C, C), dtype=beta.dtype)
+    d_beta = tl.zeros((C,), dtype=beta.dtype)
     for i_v in range(NV):
         rv = i_v * BV + tl.arange(0, BV)
-        v = load_tile(v_ptr, svt, t, T, rv, V).to(gc.dtype)
-        do = load_tile(do_ptr, sdot, t, T, rv, V).to(gc.dtype)
-        du = load_rows(du_ptr, VP, rows, rv)
+        v = load_tile(v_ptr, svt, rc, T - i_c * C, rv, V).to(beta.dtype)
+        do = load_tile(do_ptr, sdot, rc, T - i_c * C, rv, V).to(beta.dtype)
+        du = tl.load(du_ptr + rc[:, None] * (NV * BV) + rv[None, :])
         d_pairs += tl.dot(do, tl.trans(v), input_precision=IP)
         d_t += tl.dot(du, tl.trans(v * beta[:, None]), input_precision=IP)
         d_vb = tl.dot(tl.trans(t_beta), du, input_precision=IP)
         d_beta += tl.sum(v * d_vb, 1)
         dv = tl.dot(tl.trans(weights), do, input_precision=IP) + beta[:, None] * d_vb
-        store_tile(dv_ptr, sdvt, t, T, rv, V, dv)
-    dlam = level_sums(d_pairs * intra, levels, C_LOG, BL)
+        store_tile(dv_ptr, sdvt, rc, T - i_c * C, rv, V, dv)
+    dlam = level_sums(d_pairs * tl.load(p_ptr + chunk * C * C + within), levels, C_LOG, BL)
     cols = tl.arange(0, BL)
     dlam_ptr += i_b.to(tl.int64) * sdlb + i_h * sdlh
     tl.store(dlam_ptr + t[:, None].to(tl.int64) * sdlt + cols[None, :], dlam.to(dlam_ptr.dtype.element_ty),
              mask=(t[:, None] < T) & (cols[None, :] <= C_LOG) & (cols[None, :] < L))
     causal = rc[:, None] >= rc[None, :]
-    d_intra = tl.where(causal, d_pairs * scales, 0.0)  # dP
-    d_intra_b = d_intra * beta[None, :]
-    d_scores = tl.dot(d_intra_b, tl.trans(t_beta), input_precision=IPS)
-    d_t += tl.dot(tl.trans(scores), d_intra_b, input_precision=IPS)
-    d_beta += tl.sum(solved * d_intra, 0)
-    # keys: query = diag(γ) Q - (Γ ⊙ Q Kᵀ) W and W = T_β diag(βγ) K, tile by tile
+    d_intra = tl.where(causal, d_pairs * level_scale_matrix(lam, levels, C_LOG, BL), 0.0)
+    tl.store(dsq_ptr + chunk * 2 * C * C + within, d_t)
+    tl.store(dsq_ptr + chunk * 2 * C * C + C * C + within, d_intra)
+    tl.store(dbeta_ptr + chunk * C + rc, d_beta)
+
+
+@triton.jit
+def key_products(q_ptr, k_ptr, stride_t, rc, T, K, dtype, BK1: tl.constexpr, BK2: tl.constexpr, KS1: tl.constexpr,
+                 KS2: tl.constexpr, KEYS: tl.constexpr, IP: tl.constexpr):
+    """``Q Kᵀ`` of the chunk, or ``K Kᵀ`` where ``KEYS`` (``[C, C]`` in ``dtype``), summed over key sub-tiles of
+    ``KS1`` columns in the first key tile and ``KS2`` in the second (q, k multiplied in their own type); q, k at the
+    chunk's first row, rows ``rc < T`` valid."""
+    out = tl.zeros((rc.shape[0], rc.shape[0]), dtype=dtype)
+    for j in range(BK1 // KS1):
+        cols = j * KS1 + tl.arange(0, KS1)
+        at, inside = rc[:, None] * stride_t + cols[None, :], (rc[:, None] < T) & (cols[None, :] < K)
+        k = tl.load(k_ptr + at, mask=inside, other=0.0)
+        left = k if KEYS else tl.load(q_ptr + at, mask=inside, other=0.0)
+        out += tl.dot(left, tl.trans(k), input_precision=IP)
+    if BK2 > 0:
+        for j in range(BK2 // KS2):
+            cols = BK1 + j * KS2 + tl.arange(0, KS2)
+            at, inside = rc[:, None] * stride_t + cols[None, :], (rc[:, None] < T) & (cols[None, :] < K)
+            k = tl.load(k_ptr + at, mask=inside, other=0.0)
+            left = k if KEYS else tl.load(q_ptr + at, mask=inside, other=0.0)
+            out += tl.dot(left, tl.trans(k), input_precision=IP)
+    return out
+
+
+@triton.jit
+def wy_key_tile(q_ptr, k_ptr, stride_t, rc, T, K, cols, dquery_ptr, dw_ptr, dkt_ptr, w_ptr, KP, scores, d_scores,
+                d_kw, d_gamma, d_ratio, IP: tl.constexpr):
+    """One key sub-tile (columns ``cols``; pointers at the chunk's first row, rows ``rc < T`` valid) back through
+    ``query = diag(γ) Q - (Γ ⊙ Q Kᵀ) W``: stores the total gradient of ``W``, ``dW - (Γ ⊙ Q Kᵀ)ᵀ dquery``, over
+    dw's own, and returns the accumulators ``d(Γ ⊙ Q Kᵀ) -= dquery Wᵀ``, ``K dWᵀ``, ``Σ_cols q ⊙ dquery`` and
+    ``Σ_cols k ⊙ dK̃`` with the sub-tile's terms. ``dWᵀ`` (``[KS, C]``) is formed transposed, ``dWᵀ - dqueryᵀ
+    (Γ ⊙ Q Kᵀ)``, so that the ``C × C`` scores, the same for every sub-tile, are a product's right operand (read
+    from shared memory, not held in registers)."""
+    at, at_in = rc[:, None] * KP + cols[None, :], rc[:, None] * stride_t + cols[None, :]
+    inside = (rc[:, None] < T) & (cols[None, :] < K)
+    dquery = tl.load(dquery_ptr + at)
+    d_gamma += tl.sum(tl.load(q_ptr + at_in, mask=inside, other=0.0).to(dquery.dtype) * dquery, 1)
+    d_scores -= tl.dot(dquery, tl.trans(tl.load(w_ptr + at)), input_precision=IP)
+    at_t = cols[:, None] + rc[None, :] * KP
+    d_w = tl.load(dw_ptr + at_t) - tl.dot(tl.trans(dquery), scores, input_precision=IP)  # dWᵀ: [KS, C]
+    tl.store(dw_ptr + at_t, d_w)
+    k = tl.load(k_ptr + at_in, mask=inside, other=0.0).to(dquery.dtype)
+    d_kw += tl.dot(k, d_w, input_precision=IP)
+    d_ratio += tl.sum(k * tl.load(dkt_ptr + at), 1)
+    return d_scores, d_kw, d_gamma, d_ratio
+
+
+@triton.jit
+def delta_chunk_solve_bwd_kernel(
+    q_ptr, k_ptr, beta_ptr, gc_ptr, tb_ptr, w_ptr, dquery_ptr, dw_ptr, dkt_ptr, dgamma_ptr, dsq_ptr,
+    dpairs_ptr, dbeta_ptr, dgc_ptr,
+    T, N, H, K, sqb, sqt, sqh,
+    C: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, KS1: tl.constexpr, KS2: tl.constexpr,
+    IP: tl.constexpr, IPS: tl.constexpr,
+):
+    """Grid ``(N, H, B)``. The keys' share of the WY backward up to the triangular solve, after
+    :func:`delta_chunk_values_bwd_kernel` (``dP`` and the value share of ``dT_β`` in dsq). Over the key columns, in
+    sub-tiles of ``KS1`` / ``KS2`` (:func:`wy_key_tile`), with ``dW`` the total gradient of ``W``:
+
+        d(Γ ⊙ Q Kᵀ) = dP diag(β) T_βᵀ - dquery Wᵀ,      dT_β += (Γ ⊙ Q Kᵀ)ᵀ dP diag(β) + dW Kᵀ diag(βγ),
+        dβ += γ ⊙ colsum(T_β ⊙ dW Kᵀ) + colsum((Γ ⊙ Q Kᵀ) T_β ⊙ dP)
+
+    (``colsum(T_β ⊙ dW Kᵀ) = rowsum(K ⊙ T_βᵀ dW)``: the gradient of the row scales ``βγ`` of ``diag(βγ) K``), then
+    the solve's backward ``dA_β = -T_βᵀ dT_β T_βᵀ`` (strictly lower) to ``β`` and ``Γ ⊙ K Kᵀ``. q, k:
+    [B, T, H or 1, K]. Overwrites dw (``[B, H, N·C, KP]``) with the total ``dW``, adds the keys' share to dbeta,
+    writes dgc (fp32 ``[B, H, N·C]``, the gradient of the within-chunk cumulative decay) and dpairs
+    ``[B, H, N, 2, C, C]``: the gradients of ``Q Kᵀ`` and of ``K Kᵀ`` (symmetrised), for
+    :func:`delta_chunk_qk_bwd_kernel`. Every pointer is moved to the chunk first, so that the tiles' offsets are
+    32-bit."""
+    i_c, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    chunk = (i_b * H + i_h).to(tl.int64) * N + i_c
+    rc = tl.arange(0, C)
+    KP = BK1 + BK2
+    T_c = T - i_c * C  # valid rows of the chunk
+    shift = i_b.to(tl.int64) * sqb + i_h * sqh + (i_c * C).to(tl.int64) * sqt
+    q_ptr += shift
+    k_ptr += shift
+    gc_ptr += chunk * C
+    beta_ptr += chunk * C
+    dbeta_ptr += chunk * C
+    dgc_ptr += chunk * C
+    tb_ptr += chunk * C * C
+    dsq_ptr += chunk * 2 * C * C
+    dpairs_ptr += chunk * 2 * C * C
+    w_ptr += chunk * C * KP
+    dquery_ptr += chunk * C * KP
+    dw_ptr += chunk * C * KP
+    dkt_ptr += chunk * C * KP
+    within = rc[:, None] * C + rc[None, :]  # offsets inside a C × C block
+    gc = tl.load(gc_ptr + rc)
+    scores = decay_matrix(gc, C) * key_products(q_ptr, k_ptr, sqt, rc, T_c, K, gc.dtype, BK1, BK2, KS1, KS2, False,
+                                                IP)  # Γ ⊙ Q Kᵀ
+    beta = tl.load(beta_ptr + rc)
+    d_scores = tl.dot(tl.load(dsq_ptr + C * C + within) * beta[None, :], tl.trans(tl.load(tb_ptr + within)),
+                      input_precision=IPS)
+    d_kw = tl.zeros((C, C), dtype=gc.dtype)  # K dWᵀ
     d_gamma = tl.zeros((C,), dtype=gc.dtype)
     d_ratio = tl.zeros((C,), dtype=gc.dtype)
-    dquery1, dkt1, d_kb1, d_scores, d_t, d_beta, d_gamma, d_ratio = wy_key_tile(
-        q1, k1, r1, dquery_ptr, dw_ptr, dkt_ptr, w_ptr, rows, KP, t_beta, scores, beta, gamma, write,
-        d_scores, d_t, d_beta, d_gamma, d_ratio, IP)
+    for j in range(BK1 // KS1):
+        d_scores, d_kw, d_gamma, d_ratio = wy_key_tile(
+            q_ptr, k_ptr, sqt, rc, T_c, K, j * KS1 + tl.arange(0, KS1), dquery_ptr, dw_ptr, dkt_ptr, w_ptr, KP,
+            scores, d_scores, d_kw, d_gamma, d_ratio, IP)
     if BK2 > 0:
-        dquery2, dkt2, d_kb2, d_scores, d_t, d_beta, d_gamma, d_ratio = wy_key_tile(
-            q2, k2, BK1 + tl.arange(0, BK2), dquery_ptr, dw_ptr, dkt_ptr, w_ptr, rows, KP, t_beta, scores, beta, gamma,
-            write, d_scores, d_t, d_beta, d_gamma, d_ratio, IP)
+        for j in range(BK2 // KS2):
+            d_scores, d_kw, d_gamma, d_ratio = wy_key_tile(
+                q_ptr, k_ptr, sqt, rc, T_c, K, BK1 + j * KS2 + tl.arange(0, KS2), dquery_ptr, dw_ptr, dkt_ptr, w_ptr,
+                KP, scores, d_scores, d_kw, d_gamma, d_ratio, IP)
+    tl.store(dpairs_ptr + within, decay_matrix(gc, C) * d_scores)  # dQK
+    d_decay = scores * d_scores  # dΓ ⊙ Γ, its Q Kᵀ part
+    d_gc = tl.sum(d_decay, 1) - tl.sum(d_decay, 0)
+    t_beta = tl.load(tb_ptr + within)
+    kd = tl.sum(tl.trans(t_beta) * d_kw, 1)  # rowsum(K ⊙ T_βᵀ dW)
+    gamma = tl.exp(gc)
+    d_t = tl.load(dsq_ptr + within) + tl.trans(d_kw) * (beta * gamma)[None, :]
+    d_intra = tl.load(dsq_ptr + C * C + within)  # dP
+    d_beta = tl.load(dbeta_ptr + rc) + gamma * kd + tl.sum(tl.dot(scores, t_beta, input_precision=IPS) * d_intra, 0)
+    d_t += tl.dot(tl.trans(scores), d_intra * beta[None, :], input_precision=IPS)
+    d_gamma += beta * kd
     # the triangular solve: T_β = (I + M)⁻¹ with M = strict_lower(diag(β) (Γ ⊙ K Kᵀ))
     d_m = -tl.dot(tl.dot(tl.trans(t_beta), d_t, input_precision=IPS), tl.trans(t_beta), input_precision=IPS)
-    d_m = tl.where(rc[:, None] > rc[None, :], d_m, 0.0)
-    d_beta += tl.sum(d_m * decay * kk, 1)
-    d_m *= beta[:, None]
-    d_kk = decay * d_m
-    d_decay = (kk * d_m + qk * d_scores) * decay  # dΓ ⊙ Γ
-    d_qk = decay * d_scores
-    d_gc = d_gamma * gamma + tl.sum(d_decay, 1) - tl.sum(d_decay, 0) - d_ratio * ratio
-    last = rc == C - 1
-    d_last = tl.sum(d_ratio * ratio, 0) + tl.load(dgamma_ptr + bh * N + i_c) * tl.exp(g_last)
-    d_gc += tl.where(last, d_last, 0.0)
-    tl.store(dgc_ptr + rows, d_gc)
-    tl.store(dbeta_ptr + rows, d_beta)
-    d_keys = d_kk + tl.trans(d_kk)
-    dq_ptr += i_b.to(tl.int64) * T * H * K + i_h * K
-    dk_ptr += i_b.to(tl.int64) * T * H * K + i_h * K
-    store_qk_grads(q_ptr, k_ptr, sqt, dq_ptr, dk_ptr, H * K, t, T, r1, K, dquery1, dkt1, d_kb1, d_qk, d_keys, gamma,
-                   write, ratio, IP)
-    if BK2 > 0:
-        store_qk_grads(q_ptr + BK1, k_ptr + BK1, sqt, dq_ptr + BK1, dk_ptr + BK1, H * K, t, T, r2, K - BK1, dquery2,
-                       dkt2, d_kb2, d_qk, d_keys, gamma, write, ratio, IP)
+    d_m = tl.where(rc[:, None] > rc[None, :], d_m, 0.0) * decay_matrix(gc, C)
+    kk = key_products(q_ptr, k_ptr, sqt, rc, T_c, K, gc.dtype, BK1, BK2, KS1, KS2, True, IP)
+    d_beta += tl.sum(d_m * kk, 1)
+    d_kk = d_m * beta[:, None]
+    tl.store(dpairs_ptr + C * C + within, d_kk + tl.trans(d_kk))  # dKK
+    d_decay = kk * d_kk  # dΓ ⊙ Γ, its K Kᵀ part
+    g_last = tl.load(gc_ptr + C - 1)
+    ratio = tl.exp(g_last - gc)
+    d_gc += d_gamma * gamma + tl.sum(d_decay, 1) - tl.sum(d_decay, 0) - d_ratio * ratio
+    d_last = tl.sum(d_ratio * ratio, 0) + tl.load(dgamma_ptr + chunk) * tl.exp(g_last)
+    d_gc += tl.where(rc == C - 1, d_last, 0.0)
+    tl.store(dgc_ptr + rc, d_gc)
+    tl.store(dbeta_ptr + rc, d_beta)
+
+
+@triton.jit
+def delta_chunk_qk_bwd_kernel(
+    q_ptr, k_ptr, beta_ptr, gc_ptr, tb_ptr, dquery_ptr, dw_ptr, dkt_ptr, dpairs_ptr, dq_ptr, dk_ptr,
+    T, N, H, K, sqb, sqt, sqh,
+    C: tl.constexpr, KP: tl.constexpr, KS: tl.constexpr, IP: tl.constexpr,
+):
+    """Grid ``(N · KP / KS, H, B)``: one program per chunk and key sub-tile of ``KS`` columns. dq and dk, after
+    :func:`delta_chunk_solve_bwd_kernel`:
+
+        dq = diag(γ) dquery + dQK K,      dk = diag(βγ) T_βᵀ dW + diag(γ_C / γ) dK̃ + dKK K + dQKᵀ Q
+
+    (``dW`` the total gradient of W, ``dQK``, ``dKK`` those of ``Q Kᵀ``, ``K Kᵀ`` from dpairs), formed transposed
+    (``[KS, C]``: ``dqᵀ = dqueryᵀ diag(γ) + Kᵀ dQKᵀ``, ...) so that the chunk's ``C × C`` matrices are the right
+    operands of the products (read from shared memory). q, k: [B, T, H or 1, K]; writes dq, dk (fp32
+    ``[B, T, H, K]``, per head)."""
+    i_c, i_h, i_b = tl.program_id(0) // (KP // KS), tl.program_id(1), tl.program_id(2)
+    chunk = (i_b * H + i_h).to(tl.int64) * N + i_c
+    rc = tl.arange(0, C)
+    cols = tl.program_id(0) % (KP // KS) * KS + tl.arange(0, KS)
+    within = rc[:, None] * C + rc[None, :]  # offsets inside a C × C block
+    inside = (cols[:, None] < K) & (i_c * C + rc[None, :] < T)
+    shift = i_b.to(tl.int64) * sqb + i_h * sqh + (i_c * C).to(tl.int64) * sqt  # the chunk's q, k
+    q_ptr += shift
+    k_ptr += shift
+    dq_ptr += (i_b.to(tl.int64) * T + i_c * C) * H * K + i_h * K
+    dk_ptr += (i_b.to(tl.int64) * T + i_c * C) * H * K + i_h * K
+    gc_ptr += chunk * C
+    beta_ptr += chunk * C
+    tb_ptr += chunk * C * C
+    dpairs_ptr += chunk * 2 * C * C
+    dquery_ptr += chunk * C * KP
+    dw_ptr += chunk * C * KP
+    dkt_ptr += chunk * C * KP
+    at_in = cols[:, None] + rc[None, :] * sqt
+    at = cols[:, None] + rc[None, :] * KP
+    at_out = cols[:, None] + rc[None, :] * (H * K)
+    gc = tl.load(gc_ptr + rc)
+    gamma = tl.exp(gc)
+    d_qk = tl.load(dpairs_ptr + within)
+    k = tl.load(k_ptr + at_in, mask=inside, other=0.0).to(gc.dtype)  # Kᵀ: [KS, C]
+    dq = tl.load(dquery_ptr + at) * gamma[None, :] + tl.dot(k, tl.trans(d_qk), input_precision=IP)
+    tl.store(dq_ptr + at_out, dq.to(dq_ptr.dtype.element_ty), mask=inside)
+    dk = tl.dot(tl.load(dw_ptr + at), tl.load(tb_ptr + within), input_precision=IP)
+    dk *= (tl.load(beta_ptr + rc) * gamma)[None, :]
+    dk += tl.load(dkt_ptr + at) * tl.exp(tl.load(gc_ptr + C - 1) - gc)[None, :]
+    dk += tl.dot(k, tl.load(dpairs_ptr + C * C + within), input_precision=IP)
+    dk += tl.dot(tl.load(q_ptr + at_in, mask=inside, other=0.0).to(gc.dtype), d_qk, input_precision=IP)
+    tl.store(dk_ptr + at_out, dk.to(dk_ptr.dtype.element_ty), mask=inside)
 
 
 def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states, do, chunk_size: int = 64,
@@ -407,26 +619,43 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
     d_u, d_gamma = new(B, H, N * chunk_size, VP), new(B, H, N)
     dlam = grads.get("dlam", torch.zeros(B, T, H, L, device=q.device, dtype=level_scales.dtype))
     dlam_strides = (dlam.stride(0), dlam.stride(1), dlam.stride(2))
-    for own in (0, 1) if BK2 else (0,):  # one launch per key tile of the outputs
-        level_grad_kernel[(N, B * H)](
-            k, chunks.w, chunks.u, chunks.query, chunks.gc, level_scales, do, states, first_slots(N, q.device),
-            adjoints, d_query, d_w, d_kt, d_u, d_gamma, dlam, T, N, H, K, V, L, n_levels, states.shape[2],
-            k.stride(0), k.stride(1), sqh, *lam_strides, *do_strides, *dlam_strides,
-            C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BV=BVG, VP=VP, BL=level_block(T, chunk_size), OWN=own, BKO=BK2 if own else BK1,
-            IP=IP, num_warps=config.grad_warps, num_stages=config.num_stages,
-        )
+    first = first_slots(N, q.device)
+    NX, BL = states.shape[2], level_block(T, chunk_size)
+    grid, tiles = (N, B * H), dict(C=chunk_size, BK1=BK1, BK2=BK2, BV=BVG, VP=VP, IP=IP, num_warps=config.grad_warps,
+                                   num_stages=config.num_stages)
+    level_write_grad_kernel[grid](k, chunks.gc, states, first, adjoints, d_w, d_u, T, N, H, K, n_levels, NX,
+                                  k.stride(0), k.stride(1), sqh, **tiles)
+    level_transition_grad_kernel[grid](chunks.w, chunks.u, states, first, adjoints, d_kt, d_gamma, N, n_levels, NX,
+                                       **tiles)
+    level_read_grad_kernel[grid](chunks.query, level_scales, do, states, first, d_query, dlam, T, N, H, V, L, n_levels,
+                                 NX, *lam_strides, *do_strides, *dlam_strides, C_LOG=C_LOG, BL=BL, **tiles)
     del adjoints
     dq, dk = torch.empty(B, T, H, K, device=q.device, dtype=acc), torch.empty(B, T, H, K, device=q.device, dtype=acc)
     dv = grads.get("dv", torch.empty(B, T, H, V, device=q.device, dtype=v.dtype))
     d_beta, d_gc = new(B, H, N * chunk_size), new(B, H, N * chunk_size)
-    delta_chunk_bwd_kernel[(N, H, B)](
-        q, k, v, level_scales, do, chunks.beta, chunks.gc, chunks.t_beta, chunks.intra, chunks.w,
-        d_query, d_w, d_kt, d_u, d_gamma, dq, dk, dv, dlam, d_beta, d_gc, T, N, H, K, V, L,
-        q.stride(0), q.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2), *lam_strides, *do_strides,
-        dv.stride(0), dv.stride(1), dv.stride(2), *dlam_strides,
-        C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BV=BV, NV=NV, BL=level_block(T, chunk_size),
-        IP=chunk_precision(q.dtype, config.precision),
-        IPS=solve_precision(q.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
+    d_squares = new(B, H, N, 2, chunk_size, chunk_size)
+    IPC = chunk_precision(q.dtype, config.precision)
+    BVA = min(BV, VALUE_SUB_TILE)
+    delta_chunk_values_bwd_kernel[(N, H, B)](
+        v, level_scales, do, chunks.beta, chunks.t_beta, chunks.intra, d_u, dv, dlam, d_squares, d_beta, T, N, H, V, L,
+        v.stride(0), v.stride(1), v.stride(2), *lam_strides, *do_strides, dv.stride(0), dv.stride(1), dv.stride(2),
+        *dlam_strides, C=chunk_size, C_LOG=C_LOG, BV=BVA, NV=VP // BVA, BL=BL, IP=IPC,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    del d_u
+    d_pairs = new(B, H, N, 2, chunk_size, chunk_size)
+    delta_chunk_solve_bwd_kernel[(N, H, B)](
+        q, k, chunks.beta, chunks.gc, chunks.t_beta, chunks.w, d_query, d_w, d_kt, d_gamma, d_squares, d_pairs, d_beta,
+        d_gc, T, N, H, K, q.stride(0), q.stride(1), sqh, C=chunk_size, BK1=BK1, BK2=BK2, KS1=min(BK1, SOLVE_KEY_TILE),
+        KS2=min(max(BK2, 16), SOLVE_KEY_TILE), IP=IPC, IPS=solve_precision(q.dtype), num_warps=config.solve_warps,
+        num_stages=config.num_stages,
+    )
+    del d_squares
+    KS = min(BK2 or BK1, QK_KEY_TILE)
+    delta_chunk_qk_bwd_kernel[(N * (KP // KS), H, B)](
+        q, k, chunks.beta, chunks.gc, chunks.t_beta, d_query, d_w, d_kt, d_pairs, dq, dk, T, N, H, K,
+        q.stride(0), q.stride(1), sqh, C=chunk_size, KP=KP, KS=KS, IP=IPC, num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     if Hk == 1:
         dq, dk = dq.sum(2, keepdim=True), dk.sum(2, keepdim=True)

@@ -1,13 +1,92 @@
-"""The benchmark's bookkeeping: per-kernel work adds up to the schedule's counted work."""
+"""The benchmark's bookkeeping: per-kernel work adds up to the schedule's counted work; the profile's table."""
+
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
+import torch
 
-from loglin_edu.bench.profile import kernel_work
-from loglin_edu.bench.settings import CPU, GPU, counted_work
+from loglin_edu.bench.profile import compiled_kernels, delta_kernel_work, kernel_work, profile_lengths
+from loglin_edu.bench.settings import CPU, GDN_CPU, GDN_GPU, GPU, counted_work
 
 
-@pytest.mark.parametrize("setting, T", [(GPU, 1024), (GPU, 65536), (GPU, 3000), (CPU, 32)])
+@pytest.mark.parametrize("setting, T", [(GPU, 1024), (GPU, 65536), (GPU, 3000), (CPU, 32), (GDN_GPU, 1024),
+                                        (GDN_GPU, 65536), (GDN_GPU, 3000), (GDN_CPU, 32)])
 def test_kernel_work_adds_up_to_the_counted_work(setting, T):
     B = setting.tokens // T
     work = counted_work(B, T, setting)
     assert sum(kernel_work(B, T, setting).values()) == work["forward_flops"] + work["backward_flops"]
+
+
+def fake_kernel(name, n_regs, n_spills, in_metadata=False):
+    """An object shaped like triton's ``CompiledKernel``: registers as its attributes, or only in its metadata."""
+    meta = SimpleNamespace(name=name, num_warps=8, num_stages=1, shared=1024)
+    if in_metadata:
+        meta.n_regs, meta.n_spills = n_regs, n_spills
+        return SimpleNamespace(metadata=meta)
+    return SimpleNamespace(metadata=meta, name=name, n_regs=n_regs, n_spills=n_spills)
+
+
+def test_compiled_kernels_reads_both_cache_layouts():
+    """Five-entry device caches (kernels, keys, target, backend, binder) with registers on the kernel, and
+    four-entry ones with registers in the metadata; a kernel cached twice is listed once; other names ignored."""
+    shared = fake_kernel("level_read_grad_kernel", 231, 0)
+    first = SimpleNamespace(device_caches={0: ({"a": fake_kernel("level_write_grad_kernel", 238, 0),
+                                                "b": fake_kernel("level_write_grad_kernel", 255, 12)}, {}, None, None,
+                                               None)})
+    second = SimpleNamespace(device_caches={0: ({"c": fake_kernel("delta_chunk_kernel", 200, 3, in_metadata=True),
+                                                 "d": shared}, None, None, None),
+                                            1: ({"d": shared}, None, None, None)})
+    module = SimpleNamespace(first=first, second=second, helper=lambda: None, number=3)
+    rows = compiled_kernels([module])
+    assert [(r["kernel"], r["n_regs"], r["n_spills"]) for r in rows] == [
+        ("delta_chunk_kernel", 200, 3), ("level_read_grad_kernel", 231, 0), ("level_write_grad_kernel", 255, 12),
+        ("level_write_grad_kernel", 238, 0)]
+    assert all(r["num_warps"] == 8 and r["shared"] == 1024 for r in rows)
+
+
+def test_profile_table_splits_the_phases_and_adds_work_and_registers():
+    """profile_lengths with a stand-in for the device timer (the first call times the forwards, each later one a
+    backward) and for the compiled-kernel table: per-step times by phase, counted flops, the largest registers."""
+    calls = []
+
+    def times(run):
+        run()
+        calls.append(run)
+        if len(calls) == 1:
+            return {"delta_chunk_kernel": [2, 4.0], "aten::copy_": [6, 0.6]}
+        return {"delta_chunk_solve_bwd_kernel": [1, 3.0], "level_write_grad_kernel": [1, 1.0]}
+
+    def compiled():
+        return [dict(kernel="level_write_grad_kernel", n_regs=238, n_spills=0),
+                dict(kernel="level_write_grad_kernel", n_regs=255, n_spills=40),
+                dict(kernel="delta_chunk_kernel", n_regs=None, n_spills=None)]
+
+    s = replace(GDN_CPU, tokens=16)
+    [profiled] = profile_lengths(s, [16], "loglinear gated deltanet (torch chunkwise)", steps=2, device="cpu",
+                                 times=times, compiled=compiled)
+    assert len(calls) == 3  # the forwards, then one backward per step
+    rows = {(r["phase"], r["kernel"]): r for r in profiled["kernels"]}
+    assert set(rows) == {("forward", "delta_chunk_kernel"), ("forward", "aten::copy_"),
+                         ("backward", "delta_chunk_solve_bwd_kernel"), ("backward", "level_write_grad_kernel")}
+    assert rows["forward", "delta_chunk_kernel"]["ms"] == 2.0 and rows["forward", "delta_chunk_kernel"]["calls"] == 1
+    assert rows["backward", "delta_chunk_solve_bwd_kernel"]["ms"] == 3.0
+    assert rows["backward", "level_write_grad_kernel"]["calls"] == 1
+    assert profiled["forward_ms"] == pytest.approx(2.3) and profiled["backward_ms"] == pytest.approx(4.0)
+    assert profiled["total_ms"] == pytest.approx(6.3) and profiled["B"] == 1
+    work = delta_kernel_work(1, 16, s)
+    assert rows["backward", "level_write_grad_kernel"]["flops"] == work["level_write_grad_kernel"]
+    assert "flops" not in rows["forward", "aten::copy_"]
+    assert rows["backward", "level_write_grad_kernel"]["n_regs"] == 255
+    assert rows["backward", "level_write_grad_kernel"]["n_spills"] == 40
+    assert "n_regs" not in rows["forward", "delta_chunk_kernel"]
+    assert [r["phase"] for r in profiled["kernels"]] == ["forward"] * 2 + ["backward"] * 2
+    assert profiled["kernels"][2]["kernel"] == "delta_chunk_solve_bwd_kernel"  # largest first within the phase
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_profile_refuses_without_a_gpu():
+    from loglin_edu.bench.profile import main
+
+    with pytest.raises(SystemExit):
+        main(["--model", "gated_deltanet", "--lengths", "16"])

@@ -126,8 +126,11 @@ def test_step7_read_states_carry_each_bucket_through_the_chunk_transitions():
 SHAPES = [  # B, T, H, Hk, K, V, chunk size, launch config
     (2, 50, 2, 1, 8, 5, 16, DeltaLaunchConfig()),  # shared q/k, T off the chunk grid
     (1, 100, 2, 2, 20, 24, 16, SMALL_TILES),  # 3 chunk levels, two key tiles, two value tiles
+    (1, 90, 2, 2, 16, 40, 16, SMALL_TILES),  # one key tile (BK2 = 0), three value tiles, 3 chunk levels
     (2, 10, 2, 2, 3, 3, 32, DeltaLaunchConfig()),  # T < chunk
+    (2, 11, 1, 1, 20, 18, 16, SMALL_TILES),  # T < chunk, shared q/k, two key tiles
     (1, 1, 1, 1, 2, 2, 16, DeltaLaunchConfig()),  # one token
+    (1, 40, 2, 2, 100, 8, 16, DeltaLaunchConfig()),  # one key tile of 128 > the WY backward's key sub-tiles
 ]
 IDS = [f"T{s[1]}-H{s[2]}-Hk{s[3]}-K{s[4]}-V{s[5]}-C{s[6]}" for s in SHAPES]
 
@@ -190,7 +193,9 @@ def test_fp32_and_fp64_products_are_never_rounded_to_tf32(monkeypatch, dtype, al
 
     names = {step6_delta_chunks: ["delta_chunk_kernel"],
              step7_delta_levels: ["level_walk_kernel", "delta_output_kernel"],
-             step8_delta_backward: ["level_walk_bwd_kernel", "level_grad_kernel", "delta_chunk_bwd_kernel"]}
+             step8_delta_backward: ["level_walk_bwd_kernel", "level_write_grad_kernel", "level_transition_grad_kernel",
+                                    "level_read_grad_kernel", "delta_chunk_values_bwd_kernel",
+                                    "delta_chunk_solve_bwd_kernel", "delta_chunk_qk_bwd_kernel"]}
     for module in names:
         for name in names[module]:
             monkeypatch.setattr(module, name, Recorded(name, getattr(module, name)))

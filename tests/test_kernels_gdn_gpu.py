@@ -78,3 +78,23 @@ def test_layer_triton_backend_matches_torch_on_cuda():
     assert rel(results["triton"][0], results["torch"][0]) < 1e-4
     for name, grad in results["torch"][1].items():
         assert rel(results["triton"][1][name], grad) < 1e-3, name
+
+
+def test_profile_times_every_kernel_of_both_phases_with_its_registers():
+    """The per-kernel profile at a small length of the benchmark's widths: every kernel of steps 6-8 timed in its
+    phase, with the registers the driver reports for its binary."""
+    from dataclasses import replace
+
+    from loglin_edu.bench.profile import OURS, delta_kernel_work, profile_lengths
+    from loglin_edu.bench.settings import GDN_GPU
+
+    s = replace(GDN_GPU, tokens=2048)
+    [profiled] = profile_lengths(s, [1024], OURS["gated_deltanet"], steps=1)
+    phases = {r["kernel"]: r["phase"] for r in profiled["kernels"] if r["kernel"] in delta_kernel_work(2, 1024, s)}
+    assert phases == {"delta_chunk_kernel": "forward", "level_walk_kernel": "forward",
+                      "delta_output_kernel": "forward", "level_walk_bwd_kernel": "backward",
+                      "level_write_grad_kernel": "backward", "level_transition_grad_kernel": "backward",
+                      "level_read_grad_kernel": "backward", "delta_chunk_values_bwd_kernel": "backward",
+                      "delta_chunk_solve_bwd_kernel": "backward", "delta_chunk_qk_bwd_kernel": "backward"}
+    timed = [r for r in profiled["kernels"] if r["kernel"] in phases]
+    assert all(r["ms"] > 0 and r["calls"] == 1 and 0 < r["n_regs"] <= 255 and r["n_spills"] >= 0 for r in timed), timed
