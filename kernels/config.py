@@ -155,14 +155,20 @@ def chunk_precision(dtype: torch.dtype, precision: str = "fast") -> str:
     return "tf32x3" if dtype == torch.float32 else dot_precision(dtype, precision)
 
 
+LEVEL_GRAD_VALUE_TILE = {"fast": 16, "exact": 32}
+"""The level gradients' value tile by precision rung (:data:`DELTA_PRECISIONS`). 16: at ``K = 192``, ``V = 384``
+their three kernels compile for Hopper at 8 warps without spilling registers (at 32 each spills). Under
+``"exact"`` their tf32x3 products on 16-wide tiles make an illegal memory access on Hopper (Triton 3.6): 32."""
+
+
 @dataclass(frozen=True)
 class DeltaLaunchConfig:
     """Knobs of the log-linear Gated DeltaNet kernels (steps 6-9); every value computes the same function.
 
     key_tile: widest tile of the key dimension (``K`` up to twice this, split by :func:`key_tiles`);
     value_tile: ``BV``, the value columns one walk program carries (``V`` is cut into tiles of it);
-    grad_value_tile: the value tile of the level gradients (step 8), at most ``value_tile`` (16: at ``K = 192``,
-        ``V = 384`` their three kernels compile for Hopper at 8 warps without spilling registers; at 32 each spills);
+    grad_value_tile: the value tile of the level gradients (step 8), at most ``value_tile``; ``None`` picks
+        :data:`LEVEL_GRAD_VALUE_TILE` of the precision (:meth:`level_grad_value_tile`);
     num_warps: warps per program of the per-chunk kernels; solve_warps: of the WY backward's pass over the keys
     and the triangular solve (step 8; its ``C × C`` products in tf32x3 spill registers at 4 warps);
     walk_warps: of the level walks (forward and backward); grad_warps: of the level gradients;
@@ -173,7 +179,7 @@ class DeltaLaunchConfig:
 
     key_tile: int = MAX_BLOCK
     value_tile: int = 64
-    grad_value_tile: int = 16
+    grad_value_tile: int | None = None
     num_warps: int = 4
     solve_warps: int = 8
     walk_warps: int = 8
@@ -186,5 +192,14 @@ class DeltaLaunchConfig:
             raise ValueError(f"precision must be one of {DELTA_PRECISIONS}, got {self.precision!r}")
         for name in ("key_tile", "value_tile", "grad_value_tile"):
             width = getattr(self, name)
-            if width < 16 or width & (width - 1):
+            if width is not None and (width < 16 or width & (width - 1)):
                 raise ValueError(f"{name} must be a power of two >= 16, got {width}")
+        if self.precision == "exact" and self.grad_value_tile is not None and self.grad_value_tile < 32:
+            raise ValueError(f"precision='exact' needs grad_value_tile >= 32, got {self.grad_value_tile}: the level "
+                             "gradients' tf32x3 products on 16-wide value tiles make an illegal memory access on "
+                             "Hopper (Triton 3.6)")
+
+    def level_grad_value_tile(self) -> int:
+        """The level gradients' value tile: ``grad_value_tile``, or :data:`LEVEL_GRAD_VALUE_TILE` of the
+        precision when it is ``None``."""
+        return self.grad_value_tile or LEVEL_GRAD_VALUE_TILE[self.precision]

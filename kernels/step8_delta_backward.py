@@ -599,7 +599,7 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
     BK1, BK2 = key_tiles(K, config.key_tile)
     BV, NV = value_tiles(V, config)
     KP, VP = BK1 + BK2, NV * BV
-    BVG = min(BV, config.grad_value_tile)  # the level gradients' value tile (it divides BV)
+    BVG = min(BV, config.level_grad_value_tile())  # the level gradients' value tile (it divides BV)
     C_LOG = chunk_size.bit_length() - 1
     IP = dot_precision(q.dtype, config.precision)
     sqh = 0 if Hk == 1 else q.stride(2)

@@ -377,3 +377,13 @@ def test_benchmark_cpu_tier(tmp_path):
     assert result["setting"]["model"] == "gated_deltanet" and result["setting"]["key"] == GDN_CPU.key
     work = counted_work(2, 32, GDN_CPU)
     assert work["forward_flops"] > 0 and work["backward_flops"] > work["forward_flops"]
+
+
+def test_level_gradient_value_tile_follows_the_precision():
+    assert DeltaLaunchConfig().level_grad_value_tile() == 16
+    assert DeltaLaunchConfig(precision="exact").level_grad_value_tile() == 32
+    assert DeltaLaunchConfig(grad_value_tile=64).level_grad_value_tile() == 64
+    with pytest.raises(ValueError, match="grad_value_tile >= 32"):
+        DeltaLaunchConfig(precision="exact", grad_value_tile=16)
+    with pytest.raises(ValueError, match="power of two"):
+        DeltaLaunchConfig(grad_value_tile=24)
