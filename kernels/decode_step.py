@@ -17,7 +17,7 @@ levels and writes ``p + 2`` (those live before or after): ``(2p + 3) · K · V �
 floor for levels rewritten to decay every token. The step is memory-bound: ``2 · L · K · V`` flops per head
 against those bytes.
 
-Two schedules of the levels (``schedule=``):
+Two schedules of the levels (``schedule=``; ``"unrolled"`` by default):
 
 - ``"loop"``: a runtime loop over the levels (``L`` a runtime argument, one compilation serves every
   depth). Each level's load is issued after the previous level's store, so a step waits for about ``L``
@@ -303,7 +303,7 @@ def decode_step_(
     log_decay: torch.Tensor | None = None,
     *,
     decay_scales: torch.Tensor | None = None,
-    schedule: str = "loop",
+    schedule: str = "unrolled",
     block_v: int | None = None,
     num_warps: int | None = None,
     advance: bool = True,

@@ -24,17 +24,19 @@ def test_decode_benchmark_cpu_tier(tmp_path):
     for B in CPU.batches:
         for T in CPU.contexts:
             L = (T - 1).bit_length() + 1
-            assert rows[("loglinear", B, T)]["state_bytes"] == B * (L * state + 8)  # levels and the position
+            scales = B * CPU.heads * L * CPU.value * 4  # the lazy layout's decay scales
+            for name in ("loglinear", "loglinear_lazy", "loglinear_torch"):
+                assert rows[(name, B, T)]["state_bytes"] == B * (L * state + 8) + scales, name  # levels, position
+            for name in ("loglinear_loop", "loglinear_unrolled"):  # the eager layout: levels and the position
+                assert rows[(name, B, T)]["state_bytes"] == B * (L * state + 8), name
             assert rows[("loglinear", B, T)]["live_levels_before"] == [0] + [
                 lvl for lvl in range(1, L) if (T - 2) >> (lvl - 1) & 1]
-            for name in ("loglinear_unrolled", "loglinear_lazy", "loglinear_lazy_unrolled"):  # the kernel's variants
-                scales = B * CPU.heads * L * CPU.value * 4 if "lazy" in name else 0
-                assert rows[(name, B, T)]["state_bytes"] == B * (L * state + 8) + scales, name
+            for name in KERNEL_VARIANTS:
                 assert rows[(name, B, T)]["live_levels_before"] == rows[("loglinear", B, T)]["live_levels_before"]
             p = bin(T - 2).count("1")  # live levels before the step, less one
-            assert rows[("loglinear", B, T)]["moved_bytes"] == B * (2 * p + 3) * state
-            assert rows[("loglinear_lazy", B, T)]["moved_bytes"] == B * ((p + 3) * state + (2 * p + 3) * CPU.heads
-                                                                          * CPU.value * 4)
+            eager, lazy = B * (2 * p + 3) * state, B * ((p + 3) * state + (2 * p + 3) * CPU.heads * CPU.value * 4)
+            assert rows[("loglinear_loop", B, T)]["moved_bytes"] == rows[("loglinear_unrolled", B, T)]["moved_bytes"] == eager
+            assert rows[("loglinear", B, T)]["moved_bytes"] == rows[("loglinear_lazy", B, T)]["moved_bytes"] == lazy
             assert rows[("mamba2", B, T)]["state_bytes"] == B * state
             assert rows[("attention", B, T)]["state_bytes"] == 2 * B * CPU.heads * T * CPU.value * 4
     cells = {f"B={B},T={T}" for B in CPU.batches for T in CPU.contexts}

@@ -7,15 +7,15 @@ For every batch ``B`` and context ``T`` the token decoded is the ``T``-th: ``T -
 state before the step, ``T`` after. Only the operator's step is timed (no projections), on the GPU
 replayed from a CUDA graph, median of many replays (:func:`loglin_edu.timing.median_ms`):
 
-- ``loglinear``: the Triton decode kernel (:mod:`loglin_edu.kernels.decode_step`) on a
-  :class:`~loglin_edu.decoding.FenwickCache` ``[B, H, num_levels(T), K, V]`` (fp32) at position ``T - 1``:
-  for ``T = 2^m`` the step reads the ``m`` live levels and leaves ``m + 1`` — the fullest state a
-  length-``T`` sequence holds;
-- ``loglinear_unrolled``, ``loglinear_lazy``, ``loglinear_lazy_unrolled``: the same kernel with its levels
-  unrolled (``schedule="unrolled"``), on the lazy layout (levels with decay scales, ``decay_scales``), or
-  both; each row also gives the bytes of levels and scales the step moves
+- ``loglinear``: the Triton decode kernel (:mod:`loglin_edu.kernels.decode_step`) as the layer runs it (its
+  levels unrolled, on the lazy layout of a :class:`~loglin_edu.decoding.FenwickCache`
+  ``[B, H, num_levels(T), K, V]`` fp32 with decay scales) at position ``T - 1``: for ``T = 2^m`` the step reads
+  the ``m`` live levels and leaves ``m + 1`` — the fullest state a length-``T`` sequence holds;
+- ``loglinear_loop``, ``loglinear_unrolled``, ``loglinear_lazy``: the same kernel with a runtime loop over the
+  levels on the eager layout (every live level rewritten to decay), unrolled on the eager layout, and the loop
+  on the lazy layout; every kernel row also gives the bytes of levels and scales the step moves
   (:func:`~loglin_edu.kernels.decode_step.step_bytes`) and the rate they move at;
-- ``loglinear_torch``: the same step by :func:`~loglin_edu.decoding.fenwick_step` (PyTorch operations);
+- ``loglinear_torch``: the same step by :func:`~loglin_edu.decoding.lazy_fenwick_step` (PyTorch operations);
 - ``mamba2``: Mamba-2's one state ``[B, H, K, V]`` (fp32), the Triton step kernel;
 - ``attention``: softmax attention with a KV cache ``[B, H, T, V]`` (16-bit, head width ``V``): write the
   new key and value, then ``scaled_dot_product_attention`` over the cache; every SDPA backend PyTorch
@@ -40,7 +40,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..decoding import FenwickCache, fenwick_step
+from ..decoding import FenwickCache, lazy_fenwick_step
 from ..fenwick import num_levels
 from ..provenance import DEFAULT_RESULTS, device_slug, provenance, write_json
 from ..timing import median_ms
@@ -69,12 +69,13 @@ class DecodeSetting:
 GPU = DecodeSetting()
 CPU = DecodeSetting(heads=2, key=16, value=16, dtype="float32", batches=(1, 2), contexts=(16, 64), block_v=(16,))
 KERNEL_VARIANTS = {
-    "loglinear": ("loop", False),
+    "loglinear": ("unrolled", True),
+    "loglinear_loop": ("loop", False),
     "loglinear_unrolled": ("unrolled", False),
     "loglinear_lazy": ("loop", True),
-    "loglinear_lazy_unrolled": ("unrolled", True),
 }
-"""The rows of the log-linear decode kernel: ``name -> (schedule, lazy layout)``."""
+"""The rows of the log-linear decode kernel: ``name -> (schedule, lazy layout)``; ``loglinear`` is the layer's
+step (the lazy layout, unrolled), the others take away one change or both."""
 IMPLEMENTATIONS = (*KERNEL_VARIANTS, "loglinear_torch", "mamba2", "attention")
 
 
@@ -161,8 +162,8 @@ def loglinear_cache(B: int, T: int, s: DecodeSetting, device, lazy: bool = False
 
 def measure_loglinear(B: int, T: int, s: DecodeSetting, device, name: str) -> dict:
     """The log-linear step at position ``T - 1``: by the Triton kernel (a variant of
-    :data:`KERNEL_VARIANTS`) or, for ``loglinear_torch``, by :func:`fenwick_step`."""
-    schedule, lazy = KERNEL_VARIANTS.get(name, (None, False))
+    :data:`KERNEL_VARIANTS`) or, for ``loglinear_torch``, by :func:`~loglin_edu.decoding.lazy_fenwick_step`."""
+    schedule, lazy = KERNEL_VARIANTS.get(name, (None, True))
     cache, nbytes = loglinear_cache(B, T, s, device, lazy)
     x = step_inputs(B, s, cache.num_levels, device)
     if schedule is not None:
@@ -179,9 +180,9 @@ def measure_loglinear(B: int, T: int, s: DecodeSetting, device, name: str) -> di
                      moved_gb_per_s=moved / timed["step_ms"] / 1e6)
     else:
         heads = (B, s.heads, s.key)
-        ms, graph = step_ms(lambda: fenwick_step(
-            cache.levels, cache.position, x["q"].expand(heads), x["k"].expand(heads), x["v"], x["level_scales"],
-            x["log_decay"]), device)
+        ms, graph = step_ms(lambda: lazy_fenwick_step(
+            cache.levels, cache.decay_scales, cache.position, x["q"].expand(heads), x["k"].expand(heads), x["v"],
+            x["level_scales"], x["log_decay"]), device)
         timed = dict(step_ms=ms, cuda_graph=graph)
     live = [int(n) for n in cache.live()[0].nonzero().flatten()]
     return dict(timed, state_bytes=nbytes, levels=cache.num_levels, live_levels_before=live,

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..checks import check_form
-from ..decoding import FenwickCache, fenwick_step
+from ..decoding import FenwickCache, lazy_fenwick_step
 from ..fenwick import num_levels
 from ..ops import REFERENCE_FORMS, mix, resolve_backend
 from ..recurrence import read, transition, write
@@ -205,26 +205,29 @@ class LogLinearMamba2(Mamba2):
         return self.max_len
 
     def empty_state(self, cache: MixerCache, device, dtype) -> None:
-        """An empty :class:`~loglin_edu.decoding.FenwickCache` ``[B, H, num_levels(max_len), N, P]``."""
+        """An empty :class:`~loglin_edu.decoding.FenwickCache` ``[B, H, num_levels(max_len), N, P]`` in the lazy
+        layout (the levels' decay kept as scales ``[B, H, L, P]``: a step rewrites two tiles, not every live one)."""
         cache.levels = FenwickCache.empty(
-            cache.batch, self.num_heads, self.d_state, self.head_dim, cache.max_len, dtype=dtype, device=device
+            cache.batch, self.num_heads, self.d_state, self.head_dim, cache.max_len, dtype=dtype, device=device,
+            lazy=True,
         )
 
     def keep_state(self, cache: MixerCache, state) -> None:
-        cache.levels = FenwickCache.from_state(state, cache.max_len)
+        cache.levels = FenwickCache.from_state(state, cache.max_len, lazy=True)
 
     def mixer_step(self, q, k, v, log_decay, extra, cache: MixerCache) -> torch.Tensor:
-        """One step of the Fenwick levels, λ from ``extra``: the Triton decode kernel
-        (:mod:`loglin_edu.kernels.decode_step`, in place, one launch) when the backend is ``"triton"`` and the
-        levels are float32, else :func:`~loglin_edu.decoding.fenwick_step`."""
+        """One step of the Fenwick levels (lazy layout), λ from ``extra``: the Triton decode kernel
+        (:mod:`loglin_edu.kernels.decode_step`, its default schedule, in place, one launch) when the backend is
+        ``"triton"`` and the levels are float32, else :func:`~loglin_edu.decoding.lazy_fenwick_step`."""
         levels = cache.levels
         level_scales = self.level_scales(extra[:, None])[:, 0, :, : levels.num_levels]  # [B, H, L]
         kernel = resolve_backend(self.backend, v, loglinear=True, beta=False) == "triton"
         if kernel and levels.levels.dtype == torch.float32 and self.d_state <= 128:
             from ..kernels.decode_step import decode_step_
 
-            return decode_step_(levels.levels, levels.position, q[:, :1], k[:, :1], v, level_scales, log_decay)
-        out, levels.levels, levels.position = fenwick_step(
-            levels.levels, levels.position, q, k, v, level_scales, log_decay
+            return decode_step_(levels.levels, levels.position, q[:, :1], k[:, :1], v, level_scales, log_decay,
+                                decay_scales=levels.decay_scales)
+        out, levels.levels, levels.decay_scales, levels.position = lazy_fenwick_step(
+            levels.levels, levels.decay_scales, levels.position, q, k, v, level_scales, log_decay
         )
         return out

@@ -238,9 +238,9 @@ def draw_series(lengths, series: dict[str, list[float]], ax=None, *, ylabel: str
 
 DECODE_LABELS = {
     "loglinear": "log-linear Mamba-2 (Triton step)",
-    "loglinear_unrolled": "log-linear Mamba-2 (Triton step, levels unrolled)",
-    "loglinear_lazy": "log-linear Mamba-2 (Triton step, lazy decay)",
-    "loglinear_lazy_unrolled": "log-linear Mamba-2 (Triton step, lazy decay, unrolled)",
+    "loglinear_loop": "log-linear Mamba-2 (Triton step, eager decay, level loop)",
+    "loglinear_unrolled": "log-linear Mamba-2 (Triton step, eager decay, levels unrolled)",
+    "loglinear_lazy": "log-linear Mamba-2 (Triton step, lazy decay, level loop)",
     "loglinear_torch": "log-linear Mamba-2 (PyTorch step)",
     "mamba2": "Mamba-2",
     "attention": "softmax attention, KV cache",
