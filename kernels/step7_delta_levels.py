@@ -52,41 +52,41 @@ def read_slot(first_ptr, c, level):
 
 
 @triton.jit
-def carry(s1, s2, k_ptr, skt, w_ptr, u_ptr, gc_ptr, rc, rv, T, K, VP, WRITE: tl.constexpr, BK1: tl.constexpr,
-          BK2: tl.constexpr, IP: tl.constexpr):
-    """``(γ_C S + K̃ᵀ (u - W S))ᵀ = γ_C Sᵀ + ((uᵀ - Sᵀ Wᵀ) diag(γ_C / γ)) K`` for the state held transposed,
-    ``Sᵀ = [s1, s2]`` (``[BV, BK1 + BK2]``), through chunk ``Φ`` (pointers at its first row, rows ``rc < T`` valid):
-    the chunk's transition, plus its write ``u = U₀`` (value columns ``rv``) where ``WRITE``. Transposed, the
-    chunk's factors K and W are the right operands of the products — read into shared memory, not held in
-    registers — and only ``BV``-row tiles are."""
+def load_transition(k_ptr, skt, w_ptr, gc_ptr, t, rows, last_row, T, K,
+                    BK1: tl.constexpr, BK2: tl.constexpr):
+    """Chunk factors of ``Φ``: ``(γ_C, K̃₁, K̃₂, W₁, W₂)`` — the two key tiles of ``K̃ = diag(γ_C/γ) K`` and ``W``
+    (``[C, BK1]``, ``[C, BK2]``; with one tile the second pair repeats the first and is never used)."""
+    gc = tl.load(gc_ptr + rows)
+    g_last = tl.load(gc_ptr + last_row)
+    ratio = tl.exp(g_last - gc)
     r1 = tl.arange(0, BK1)
-    w_rows, k_rows = (w_ptr + rc * (BK1 + BK2))[None, :], (k_ptr + rc * skt)[:, None]
-    pseudo = -tl.dot(s1, tl.load(w_rows + r1[:, None]), input_precision=IP)  # -(W S)ᵀ: [BV, C]
+    inside = t[:, None] < T
+    kt1 = tl.load(k_ptr + t[:, None].to(tl.int64) * skt + r1[None, :], mask=inside & (r1[None, :] < K), other=0.0)
+    kt1 = kt1.to(gc.dtype) * ratio[:, None]
+    w1 = tl.load(w_ptr + rows[:, None] * (BK1 + BK2) + r1[None, :])
     if BK2 > 0:
         r2 = BK1 + tl.arange(0, BK2)
-        pseudo -= tl.dot(s2, tl.load(w_rows + r2[:, None]), input_precision=IP)
-    if WRITE:
-        pseudo += tl.load((u_ptr + rv)[:, None] + rc[None, :] * VP)
-    gc = tl.load(gc_ptr + rc)
-    g_last = tl.load(gc_ptr + rc.shape[0] - 1)
-    pseudo *= tl.exp(g_last - gc)[None, :]
-    decay = tl.exp(g_last)
-    k1 = tl.load(k_rows + r1[None, :], mask=(rc[:, None] < T) & (r1[None, :] < K), other=0.0)
-    s1 = decay * s1 + tl.dot(pseudo, k1.to(s1.dtype), input_precision=IP)
-    if BK2 > 0:
-        k2 = tl.load(k_rows + r2[None, :], mask=(rc[:, None] < T) & (r2[None, :] < K), other=0.0)
-        s2 = decay * s2 + tl.dot(pseudo, k2.to(s1.dtype), input_precision=IP)
-    return s1, s2
+        kt2 = tl.load(k_ptr + t[:, None].to(tl.int64) * skt + r2[None, :], mask=inside & (r2[None, :] < K), other=0.0)
+        kt2 = kt2.to(gc.dtype) * ratio[:, None]
+        w2 = tl.load(w_ptr + rows[:, None] * (BK1 + BK2) + r2[None, :])
+    else:
+        kt2 = kt1
+        w2 = w1
+    return tl.exp(g_last), kt1, kt2, w1, w2
 
 
 @triton.jit
-def store_state(x_ptr, slot, KP, VP, rv, s1, s2, BK1: tl.constexpr, BK2: tl.constexpr):
-    """Store the transposed state ``Sᵀ = [s1, s2]`` (``[BV, BK1 + BK2]``) as read slot ``slot``'s ``[KP, VP]`` block
-    (``x_ptr`` at the head's first slot and the program's value columns)."""
-    at = (x_ptr + slot.to(tl.int64) * KP * VP + rv)[:, None]
-    tl.store(at + tl.arange(0, BK1)[None, :] * VP, s1)
+def carry(s1, s2, decay, kt1, kt2, w1, w2, u, BK2: tl.constexpr, IP: tl.constexpr):
+    """``γ_C S + K̃ᵀ (u - W S)`` for the state ``S = [s1; s2]`` (``[BK1 + BK2, BV]``): the chunk's transition,
+    plus its write when ``u = U₀`` (``u = 0``: the transition alone)."""
+    y = tl.dot(w1, s1, input_precision=IP)
     if BK2 > 0:
-        tl.store(at + (BK1 + tl.arange(0, BK2))[None, :] * VP, s2)
+        y += tl.dot(w2, s2, input_precision=IP)
+    pseudo = u - y
+    s1 = decay * s1 + tl.dot(tl.trans(kt1), pseudo, input_precision=IP)
+    if BK2 > 0:
+        s2 = decay * s2 + tl.dot(tl.trans(kt2), pseudo, input_precision=IP)
+    return s1, s2
 
 
 @triton.jit
@@ -100,34 +100,38 @@ def level_walk_kernel(
     """Grid ``(VP / BV, B·H, walks)`` — the walk slowest, so every head's longest walks start first. k: [B, T, H or 1,
     K]; w: [B, H, N·C, BK1 + BK2]; u: [B, H, N·C, VP];
     gc: [B, H, N·C]; x: [B, H, NX, BK1 + BK2, VP] receives ``X_{c,ℓ}`` (module docstring); walks: int32
-    ``(level, start)`` of every walk (:func:`walk_table`); first: int32 first read slot of every chunk. The state
-    is carried transposed (``[BV, BK1 + BK2]``, :func:`carry`)."""
+    ``(level, start)`` of every walk (:func:`walk_table`); first: int32 first read slot of every chunk."""
     i_v, i_bh, i_w = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    KP = BK1 + BK2
     level = tl.load(walks_ptr + 2 * i_w)
     start = tl.load(walks_ptr + 2 * i_w + 1)
     half = 1 << (level - 1)
-    rc, rv = tl.arange(0, C), tl.arange(0, BV)
+    rc, rv = tl.arange(0, C), i_v * BV + tl.arange(0, BV)
     k_ptr += i_b.to(tl.int64) * skb + i_h * skh
     base = i_bh.to(tl.int64) * N * C
-    gc_ptr += base
-    w_ptr += base * KP
-    u_ptr += base * VP + i_v * BV
-    x_ptr += i_bh.to(tl.int64) * NX * KP * VP + i_v * BV
-    s1 = tl.zeros((BV, BK1), dtype=gc_ptr.dtype.element_ty)
-    s2 = tl.zeros((BV, BK2P), dtype=gc_ptr.dtype.element_ty)
+    x_ptr += i_bh.to(tl.int64) * NX * (BK1 + BK2) * VP
+    s1 = tl.zeros((BK1, BV), dtype=gc_ptr.dtype.element_ty)
+    s2 = tl.zeros((BK2P, BV), dtype=gc_ptr.dtype.element_ty)
     for i in range(half):  # the left half: build its state
         c = start + i
-        s1, s2 = carry(s1, s2, k_ptr + (c * C).to(tl.int64) * skt, skt, w_ptr + c * C * KP, u_ptr + c * C * VP,
-                       gc_ptr + c * C, rc, rv, T - c * C, K, VP, True, BK1, BK2, IP)
-    store_state(x_ptr, read_slot(first_ptr, start + half, level), KP, VP, rv, s1, s2, BK1, BK2)
-    for i in range(half - 1):  # the right half: each chunk reads the state, which is carried on to the next
+        t = c * C + rc
+        decay, kt1, kt2, w1, w2 = load_transition(k_ptr, skt, w_ptr, gc_ptr, t, base + t, base + c * C + C - 1, T, K,
+                                                  BK1, BK2)
+        u = load_rows(u_ptr, VP, base + t, rv)
+        s1, s2 = carry(s1, s2, decay, kt1, kt2, w1, w2, u, BK2, IP)
+    for i in range(half):  # the right half: each chunk reads the state, which is carried on to the next
         c = start + half + i
-        if c + 1 < N:
-            s1, s2 = carry(s1, s2, k_ptr + (c * C).to(tl.int64) * skt, skt, w_ptr + c * C * KP, u_ptr,
-                           gc_ptr + c * C, rc, rv, T - c * C, K, VP, False, BK1, BK2, IP)
-            store_state(x_ptr, read_slot(first_ptr, c + 1, level), KP, VP, rv, s1, s2, BK1, BK2)
+        if c < N:
+            slot = read_slot(first_ptr, c, level)
+            offset = slot.to(tl.int64) * (BK1 + BK2) * VP + rv[None, :]
+            tl.store(x_ptr + offset + tl.arange(0, BK1)[:, None] * VP, s1)
+            if BK2 > 0:
+                tl.store(x_ptr + offset + (BK1 + tl.arange(0, BK2))[:, None] * VP, s2)
+            if (i + 1 < half) & (c + 1 < N):
+                t = c * C + rc
+                decay, kt1, kt2, w1, w2 = load_transition(k_ptr, skt, w_ptr, gc_ptr, t, base + t, base + c * C + C - 1,
+                                                          T, K, BK1, BK2)
+                s1, s2 = carry(s1, s2, decay, kt1, kt2, w1, w2, tl.zeros((C, BV), dtype=s1.dtype), BK2, IP)
 
 
 @triton.jit

@@ -54,7 +54,7 @@ from .config import (DeltaLaunchConfig, accumulator_dtype, chunk_precision, dot_
                      solve_precision)
 from .inputs import reverse_cumsum
 from .step6_delta_chunks import DeltaChunks, load_rows, store_rows, value_tiles
-from .step7_delta_levels import first_slots, walk_table
+from .step7_delta_levels import first_slots, load_transition, walk_table
 from .tiles import (decay_matrix, fenwick_levels, level_column, level_scale_matrix, level_sums, load_level_scales,
                     load_tile, store_tile)
 
