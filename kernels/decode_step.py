@@ -17,7 +17,7 @@ levels and writes ``p + 2`` (those live before or after): ``(2p + 3) · K · V �
 floor for levels rewritten to decay every token. The step is memory-bound: ``2 · L · K · V`` flops per head
 against those bytes.
 
-Two schedules of the levels (``schedule=``; ``"unrolled"`` by default):
+Two schedules of the levels (``schedule=``; by default :func:`default_schedule` of the batch):
 
 - ``"loop"``: a runtime loop over the levels (``L`` a runtime argument, one compilation serves every
   depth). Each level's load is issued after the previous level's store, so a step waits for about ``L``
@@ -271,6 +271,31 @@ SCHEDULES = ("loop", "unrolled")
 """How a program visits the levels (module docstring): a runtime loop, or unrolled with every load first."""
 
 
+UNROLLED_UP_TO = 64
+"""The most ``batch × heads`` pairs a step takes the ``"unrolled"`` schedule for (:func:`default_schedule`)."""
+
+
+def default_schedule(batch: int, heads: int) -> str:
+    """``"unrolled"`` for at most :data:`UNROLLED_UP_TO` ``(sequence, head)`` pairs, else ``"loop"``.
+
+    One round trip for all levels pays when the step is a few programs waiting on memory latency; with more
+    programs than that the GPU hides the latency of the loop's round trips behind other programs, and the
+    unrolled schedule's ``L`` tiles per program cost occupancy. Measured at 48 heads, K = 128, V = 64 on the lazy
+    layout (``python -m loglin_edu.bench --decode``): unrolled takes 0.87–0.91× the loop's time at batch 1,
+    0.99–1.15× at batch 2 and 1.0–1.25× at batches 4–64, at contexts 4K, 64K and 1M."""
+    return "unrolled" if batch * heads <= UNROLLED_UP_TO else "loop"
+
+
+def default_block_v(schedule: str, levels: int, value_dim: int) -> int:
+    """The value tile ``BV`` of one program: 32 for the ``"loop"`` schedule; for the ``"unrolled"`` one, which
+    holds ``levels`` tiles at once, 16 up to 13 levels (4K tokens) and 8 beyond — the fastest tiles of the
+    measurement in :func:`default_schedule`. At most ``block(value_dim)``."""
+    widest = block(value_dim)
+    if schedule == "loop":
+        return min(32, widest)
+    return min(16 if levels <= 13 else 8, widest)
+
+
 def default_num_warps(schedule: str, levels: int, block_k: int, block_v: int) -> int:
     """Warps of one program: 4 for the ``"loop"`` schedule. The ``"unrolled"`` one holds its ``levels`` tiles of
     ``block_k × block_v`` fp32 values in registers at once: 4 warps while that is at most 96 values per
@@ -303,7 +328,7 @@ def decode_step_(
     log_decay: torch.Tensor | None = None,
     *,
     decay_scales: torch.Tensor | None = None,
-    schedule: str = "unrolled",
+    schedule: str | None = None,
     block_v: int | None = None,
     num_warps: int | None = None,
     advance: bool = True,
@@ -314,11 +339,13 @@ def decode_step_(
     one in place unless ``advance=False``, which a benchmark uses to repeat one position); q, k: ``[B, H or 1, K]`` (one head shared by all, as Mamba-2's B and C); v: ``[B, H, V]``;
     level_scales: ``[B, H, >= L]``; log_decay: ``[B, H]`` or None. Returns o ``[B, H, V]`` in v's dtype.
     decay_scales: None for the eager layout, or the lazy layout's ``[B, H, L, V]`` fp32 scales, V contiguous
-    (updated in place). schedule: ``"loop"`` or ``"unrolled"`` (module docstring). block_v: the V-tile of one
-    program (more programs for a small batch); K must be at most 128. num_warps: by default
+    (updated in place). schedule: ``"loop"`` or ``"unrolled"`` (module docstring; by default
+    :func:`default_schedule`). block_v: the V-tile of one program (more programs for a small batch; by default
+    :func:`default_block_v`); K must be at most 128. num_warps: by default
     :func:`default_num_warps`.
     """
     B, H, L, K, V = levels.shape
+    schedule = schedule or default_schedule(B, H)
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if levels.dtype != torch.float32 or levels.stride(-1) != 1:
@@ -341,7 +368,7 @@ def decode_step_(
         )
     q, k = same_strides(q, k)  # one set of strides serves both
     v, level_scales = last_dim_contiguous(v), last_dim_contiguous(level_scales)
-    BK, BV = block(K), block_v or min(block(V), 64)
+    BK, BV = block(K), block_v or default_block_v(schedule, L, V)
     if num_warps is None:
         num_warps = default_num_warps(schedule, L, BK, BV)
     o = torch.empty(B, H, V, device=v.device, dtype=v.dtype)

@@ -47,7 +47,7 @@ def check_steps(cache, steps, block_v, what, Hk, decay=True):
     for i in range(steps):
         q, k, v, lam, g = random_step(gen, B, H, Hk, K, V, L, decay)
         expected = cache.step(q.expand(B, H, K), k.expand(B, H, K), v, lam, g)
-        got = decode.decode_step_(levels, position, q, k, v, lam, g, block_v=block_v)
+        got = decode.decode_step_(levels, position, q, k, v, lam, g, schedule="loop", block_v=block_v)
         where = f"{what}, step {i} at positions {cache.position.tolist()}"
         assert_close(got.double(), expected.double(), rtol=1e-5, atol=1e-6, what=f"{where}: o")
         assert_close(levels.double(), cache.levels.double(), rtol=1e-5, atol=1e-6, what=f"{where}: levels")
@@ -209,6 +209,36 @@ def test_variants_refuse_what_they_do_not_compute():
         decode.decode_step_(cache.levels, cache.position, q, k, v, lam, g, decay_scales=cache.decay_scales[:, :, :3])
     with pytest.raises(ValueError, match="got torch.float64"):
         decode.decode_step_(cache.levels, cache.position, q, k, v, lam, g, decay_scales=cache.decay_scales.double())
+
+
+def test_default_schedule_and_tile_follow_the_batch_and_the_levels():
+    assert decode.default_schedule(1, 48) == "unrolled" and decode.default_schedule(2, 48) == "loop"
+    assert decode.default_schedule(decode.UNROLLED_UP_TO, 1) == "unrolled"
+    assert decode.default_block_v("loop", 21, 64) == 32 and decode.default_block_v("loop", 21, 8) == 16
+    assert decode.default_block_v("unrolled", 13, 64) == 16 and decode.default_block_v("unrolled", 14, 64) == 8
+
+
+@pytest.mark.parametrize("batch, heads", [(1, 2), (33, 2)])
+def test_default_launch_equals_the_loop_kernel(batch, heads):
+    """``schedule=None``: the unrolled schedule for a few (sequence, head) pairs, the loop for many; lazy layout."""
+    assert decode.default_schedule(batch, heads) == ("unrolled" if batch * heads <= decode.UNROLLED_UP_TO else "loop")
+    gen = torch.Generator().manual_seed(5)
+    K, V, max_len = 8, 16, 64
+    exact = FenwickCache.empty(batch, heads, K, V, max_len, dtype=torch.float64, device=DEVICE, lazy=True)
+    exact.position.fill_(45)
+    live = exact.live()[0]
+    exact.levels[:, :, live] = torch.randn(batch, heads, int(live.sum()), K, V, generator=gen, dtype=torch.float64)
+    exact.decay_scales[:, :, live] = 0.5 + 0.5 * torch.rand(batch, heads, int(live.sum()), 1, generator=gen,
+                                                            dtype=torch.float64)
+    fast = FenwickCache(exact.levels.float(), exact.position.clone(), max_len, exact.decay_scales.float())
+    for i in range(3):
+        q, k, v, lam, g = random_step(gen, batch, heads, heads, K, V, exact.num_levels, True)
+        expected = exact.step(q.double(), k.double(), v.double(), lam.double(), g.double())
+        got = decode.decode_step_(fast.levels, fast.position, q, k, v, lam, g, decay_scales=fast.decay_scales)
+        assert_close(got.double(), expected, rtol=1e-5, atol=1e-6, what=f"step {i}: o")
+        assert_close((fast.decay_scales[..., None, :] * fast.levels).double()[:, :, fast.live()[0]],
+                     (exact.decay_scales[..., None, :] * exact.levels)[:, :, exact.live()[0]], rtol=1e-5, atol=1e-6,
+                     what=f"step {i}: level values")
 
 
 def test_step_bytes_count_the_tiles_each_layout_moves():
