@@ -188,6 +188,7 @@ def fenwick_decode_unrolled_kernel(
         live_before, _, _, _ = level_flags(t, tl.full((), i_l, tl.int64))
         states += (tl.load(base + i_l * s_ll + tile, mask=tile_mask(rk, rv, live_before, K, V), other=0.0),)
         lams += (tl.load(lam_row + i_l).to(tl.float32),)
+    tl.debug_barrier()  # every thread has read every scale before any thread overwrites one below
     written = k[:, None] * v[None, :]
     carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m <= l} S^(m) before the step
     weighted = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_l λ_l S^(l) after the step
@@ -242,7 +243,9 @@ def lazy_decode_unrolled_kernel(
     s_lb, s_lh, s_ll, s_lk, s_cb, s_ch, s_cl, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, sob, soh,
     HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    """The ``"unrolled"`` schedule, lazy layout: arguments as :func:`lazy_decode_kernel`, ``L`` a constant."""
+    """The ``"unrolled"`` schedule, lazy layout: arguments as :func:`lazy_decode_kernel`, ``L`` a constant; one
+    barrier between the loads of every scale and the first store of one (the race :func:`lazy_decode_kernel`
+    describes)."""
     i_v, i_h, i_b, rk, rv, t, q, k, v, decay, base, tile, lam_row = program_start(
         levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V,
         s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, HAS_DECAY, BK, BV)
@@ -253,6 +256,7 @@ def lazy_decode_unrolled_kernel(
         states += (tl.load(base + i_l * s_ll + tile, mask=tile_mask(rk, rv, live_before, K, V), other=0.0),)
         scales += (tl.load(scale_row + i_l * s_cl, mask=live_before, other=0.0),)
         lams += (tl.load(lam_row + i_l).to(tl.float32),)
+    tl.debug_barrier()  # every thread has read every scale before any thread overwrites one below
     written = k[:, None] * v[None, :]
     carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m <= l} c^(m) stored^(m) before the step
     weighted = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_l λ_l c^(l) stored^(l) after the step

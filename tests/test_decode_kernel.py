@@ -75,7 +75,7 @@ def test_kernel_step_stays_inside_its_tensors():
     buffers, views = zip(*(padded_copy(x) for x in [cache.levels, *inputs]))
     levels, q, k, v, lam, g = views
     position = cache.position.clone()
-    got = decode.decode_step_(levels, position, q, k, v, lam, g, block_v=4)
+    got = decode.decode_step_(levels, position, q, k, v, lam, g, schedule="loop", block_v=4)
     expected = cache.step(inputs[0].expand(2, 3, 5), inputs[1].expand(2, 3, 5), *inputs[2:])
     assert all(guard_intact(b) for b in buffers)
     assert torch.isfinite(got).all() and torch.isfinite(levels).all()
@@ -143,7 +143,8 @@ def check_variant(name, eager, lazy, steps, block_v, Hk, decay):
         stored_before = fast.levels.clone()
         expected = exact.step(*(x.double().expand(B, H, K) for x in (q, k)), *(None if x is None else x.double()
                                                                              for x in (v, lam, g)))
-        wanted = decode.decode_step_(baseline.levels, baseline.position, q, k, v, lam, g, block_v=block_v)
+        wanted = decode.decode_step_(baseline.levels, baseline.position, q, k, v, lam, g, schedule="loop",
+                                     block_v=block_v)
         got = decode.decode_step_(fast.levels, fast.position, q, k, v, lam, g, decay_scales=fast.decay_scales,
                                   schedule=schedule, block_v=block_v)
         assert_close(got.double(), wanted.double(), rtol=1e-5, atol=1e-6, what=f"{where}: o against the loop kernel")
@@ -308,7 +309,8 @@ def test_variant_at_a_million_tokens_equals_the_loop_kernel(name, block_v):
         fast.decay_scales[:, :, live] = scales[..., 0].expand(-1, -1, -1, V)
     for i in range(2):  # tokens T - 2 (a carry into level 2) and T - 1
         q, k, v, lam, g = random_step(gen, B, H, 1, K, V, baseline.num_levels)
-        wanted = decode.decode_step_(baseline.levels, baseline.position, q, k, v, lam, g, block_v=block_v)
+        wanted = decode.decode_step_(baseline.levels, baseline.position, q, k, v, lam, g, schedule="loop",
+                                     block_v=block_v)
         got = decode.decode_step_(fast.levels, fast.position, q, k, v, lam, g, decay_scales=fast.decay_scales,
                                   schedule=schedule, block_v=block_v)
         assert_close(got.double(), wanted.double(), rtol=1e-5, what=f"{name}, BV={block_v}, step {i}: o")
