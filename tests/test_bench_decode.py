@@ -10,6 +10,7 @@ pytest.importorskip("triton")
 
 def test_decode_benchmark_cpu_tier(tmp_path):
     from loglin_edu.bench.decode import CPU, IMPLEMENTATIONS, KERNEL_VARIANTS, main
+    from loglin_edu.kernels.decode_step import default_schedule
 
     out = tmp_path / "decode.json"
     result = main(["--tier", "cpu", "--quiet", "--out", str(out)])
@@ -25,18 +26,17 @@ def test_decode_benchmark_cpu_tier(tmp_path):
         for T in CPU.contexts:
             L = (T - 1).bit_length() + 1
             scales = B * CPU.heads * L * CPU.value * 4  # the lazy layout's decay scales
-            for name in ("loglinear", "loglinear_lazy", "loglinear_torch"):
-                assert rows[(name, B, T)]["state_bytes"] == B * (L * state + 8) + scales, name  # levels, position
-            for name in ("loglinear_loop", "loglinear_unrolled"):  # the eager layout: levels and the position
-                assert rows[(name, B, T)]["state_bytes"] == B * (L * state + 8), name
+            for name, (_, lazy) in [*KERNEL_VARIANTS.items(), ("loglinear_torch", (None, True))]:
+                assert rows[(name, B, T)]["state_bytes"] == B * (L * state + 8) + lazy * scales, name
             assert rows[("loglinear", B, T)]["live_levels_before"] == [0] + [
                 lvl for lvl in range(1, L) if (T - 2) >> (lvl - 1) & 1]
             for name in KERNEL_VARIANTS:
                 assert rows[(name, B, T)]["live_levels_before"] == rows[("loglinear", B, T)]["live_levels_before"]
             p = bin(T - 2).count("1")  # live levels before the step, less one
             eager, lazy = B * (2 * p + 3) * state, B * ((p + 3) * state + (2 * p + 3) * CPU.heads * CPU.value * 4)
-            assert rows[("loglinear_loop", B, T)]["moved_bytes"] == rows[("loglinear_unrolled", B, T)]["moved_bytes"] == eager
-            assert rows[("loglinear", B, T)]["moved_bytes"] == rows[("loglinear_lazy", B, T)]["moved_bytes"] == lazy
+            for name, (_, is_lazy) in KERNEL_VARIANTS.items():
+                assert rows[(name, B, T)]["moved_bytes"] == (lazy if is_lazy else eager), name
+            assert rows[("loglinear", B, T)]["schedule"] == default_schedule(B, CPU.heads)
             assert rows[("mamba2", B, T)]["state_bytes"] == B * state
             assert rows[("attention", B, T)]["state_bytes"] == 2 * B * CPU.heads * T * CPU.value * 4
     cells = {f"B={B},T={T}" for B in CPU.batches for T in CPU.contexts}

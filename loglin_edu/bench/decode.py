@@ -7,14 +7,15 @@ For every batch ``B`` and context ``T`` the token decoded is the ``T``-th: ``T -
 state before the step, ``T`` after. Only the operator's step is timed (no projections), on the GPU
 replayed from a CUDA graph, median of many replays (:func:`loglin_edu.timing.median_ms`):
 
-- ``loglinear``: the Triton decode kernel (:mod:`loglin_edu.kernels.decode_step`) as the layer runs it (its
-  levels unrolled, on the lazy layout of a :class:`~loglin_edu.decoding.FenwickCache`
-  ``[B, H, num_levels(T), K, V]`` fp32 with decay scales) at position ``T - 1``: for ``T = 2^m`` the step reads
-  the ``m`` live levels and leaves ``m + 1`` — the fullest state a length-``T`` sequence holds;
-- ``loglinear_loop``, ``loglinear_unrolled``, ``loglinear_lazy``: the same kernel with a runtime loop over the
-  levels on the eager layout (every live level rewritten to decay), unrolled on the eager layout, and the loop
-  on the lazy layout; every kernel row also gives the bytes of levels and scales the step moves
-  (:func:`~loglin_edu.kernels.decode_step.step_bytes`) and the rate they move at;
+- ``loglinear``: the Triton decode kernel (:mod:`loglin_edu.kernels.decode_step`) as the layer runs it (on the
+  lazy layout of a :class:`~loglin_edu.decoding.FenwickCache` ``[B, H, num_levels(T), K, V]`` fp32 with decay
+  scales; the kernel's default schedule, value tile and warps) at position ``T - 1``: for ``T = 2^m`` the step
+  reads the ``m`` live levels and leaves ``m + 1`` — the fullest state a length-``T`` sequence holds;
+- ``loglinear_loop``, ``loglinear_unrolled``, ``loglinear_lazy``, ``loglinear_lazy_unrolled``: the same kernel
+  with a runtime loop over the levels or the levels unrolled, on the eager layout (every live level rewritten
+  to decay) or the lazy one, each at the fastest of the setting's value tiles; every kernel row also gives the
+  bytes of levels and scales the step moves (:func:`~loglin_edu.kernels.decode_step.step_bytes`) and the rate
+  they move at;
 - ``loglinear_torch``: the same step by :func:`~loglin_edu.decoding.lazy_fenwick_step` (PyTorch operations);
 - ``mamba2``: Mamba-2's one state ``[B, H, K, V]`` (fp32), the Triton step kernel;
 - ``attention``: softmax attention with a KV cache ``[B, H, T, V]`` (16-bit, head width ``V``): write the
@@ -69,13 +70,15 @@ class DecodeSetting:
 GPU = DecodeSetting()
 CPU = DecodeSetting(heads=2, key=16, value=16, dtype="float32", batches=(1, 2), contexts=(16, 64), block_v=(16,))
 KERNEL_VARIANTS = {
-    "loglinear": ("unrolled", True),
+    "loglinear": (None, True),
     "loglinear_loop": ("loop", False),
     "loglinear_unrolled": ("unrolled", False),
     "loglinear_lazy": ("loop", True),
+    "loglinear_lazy_unrolled": ("unrolled", True),
 }
-"""The rows of the log-linear decode kernel: ``name -> (schedule, lazy layout)``; ``loglinear`` is the layer's
-step (the lazy layout, unrolled), the others take away one change or both."""
+"""The rows of the log-linear decode kernel: ``name -> (schedule, lazy layout)``. ``loglinear`` is the layer's
+step: the lazy layout with the kernel's default schedule, value tile and warps (schedule ``None``), timed as it
+is; the others fix a schedule and a layout and keep the fastest of the setting's tiles."""
 IMPLEMENTATIONS = (*KERNEL_VARIANTS, "loglinear_torch", "mamba2", "attention")
 
 
@@ -166,13 +169,23 @@ def measure_loglinear(B: int, T: int, s: DecodeSetting, device, name: str) -> di
     schedule, lazy = KERNEL_VARIANTS.get(name, (None, True))
     cache, nbytes = loglinear_cache(B, T, s, device, lazy)
     x = step_inputs(B, s, cache.num_levels, device)
-    if schedule is not None:
+    if name in KERNEL_VARIANTS:
         from ..kernels.config import block
-        from ..kernels.decode_step import decode_step_, default_num_warps, step_bytes
+        from ..kernels.decode_step import (decode_step_, default_block_v, default_num_warps, default_schedule,
+                                           step_bytes)
 
-        timed = fastest_tile(lambda bv, nw: decode_step_(
-            cache.levels, cache.position, x["q"], x["k"], x["v"], x["level_scales"], x["log_decay"],
-            decay_scales=cache.decay_scales, schedule=schedule, block_v=bv, advance=False, **warps(nw)), s, device)
+        def step(bv, nw):
+            return decode_step_(cache.levels, cache.position, x["q"], x["k"], x["v"], x["level_scales"],
+                                x["log_decay"], decay_scales=cache.decay_scales, schedule=schedule, block_v=bv,
+                                advance=False, **warps(nw))
+
+        if schedule is None:  # the layer's step, as it runs
+            schedule = default_schedule(B, s.heads)
+            ms, graph = step_ms(lambda: step(None, None), device)
+            timed = dict(step_ms=ms, cuda_graph=graph, block_v=default_block_v(schedule, cache.num_levels, s.value),
+                         num_warps=None)
+        else:
+            timed = fastest_tile(step, s, device)
         if timed["num_warps"] is None:  # the kernel's own choice, recorded
             timed["num_warps"] = default_num_warps(schedule, cache.num_levels, block(s.key), timed["block_v"])
         moved = B * s.heads * step_bytes(T - 1, s.key, s.value, lazy)
