@@ -188,7 +188,6 @@ def fenwick_decode_unrolled_kernel(
         live_before, _, _, _ = level_flags(t, tl.full((), i_l, tl.int64))
         states += (tl.load(base + i_l * s_ll + tile, mask=tile_mask(rk, rv, live_before, K, V), other=0.0),)
         lams += (tl.load(lam_row + i_l).to(tl.float32),)
-    tl.debug_barrier()  # every thread has read every scale before any thread overwrites one below
     written = k[:, None] * v[None, :]
     carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m <= l} S^(m) before the step
     weighted = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_l λ_l S^(l) after the step
