@@ -7,6 +7,7 @@ Matrices are drawn with the key position ``s`` across and the query position ``t
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
@@ -225,7 +226,7 @@ def draw_stages(seq_len: int, chunk_size: int, ax=None, *, upto: int | None = No
 def draw_series(lengths, series: dict[str, list[float]], ax=None, *, ylabel: str, title: str | None = None):
     """Log-log lines of several measured quantities against the sequence length (memory, FLOPs, time)."""
     ax = _axes(ax, size=(5.5, 3.8))
-    for (label, values), marker in zip(series.items(), "os^vDx*"):
+    for (label, values), marker in zip(series.items(), itertools.cycle("os^vDx*")):
         ax.loglog(lengths, values, marker=marker, label=label)
     ax.set_xlabel("sequence length T")
     ax.set_ylabel(ylabel)
