@@ -64,7 +64,6 @@ from .config import (
     accumulator_dtype,
     dot_precision,
     head_block,
-    level_block,
     partial_dtype,
     split_leaf,
     state_dtype,
@@ -72,13 +71,13 @@ from .config import (
 from .tiles import (
     decay_matrix,
     fenwick_levels,
-    level_column,
-    level_scale_matrix,
-    level_sums,
-    load_level_scales,
+    load_level_column,
+    load_level_scale_matrix,
     load_qk_scores,
     load_tile,
     split16,
+    store_level_column,
+    store_level_sums,
     store_tile,
 )
 
@@ -96,9 +95,9 @@ def reader_share(
     q = load_tile(q_ptr, sqt, t, T, tl.arange(0, BK), K)
     do = load_tile(do_ptr, sdot, t, T, tl.arange(0, BV), V)
     gc = tl.load(gc_ptr + t)
-    lam = tl.load(lam_ptr + t.to(tl.int64) * slt + C_LOG + level, mask=(t < T) & (t * 0 + C_LOG + level < L), other=0.0)
+    lam = load_level_column(lam_ptr, slt, t, T, L, C_LOG + level, gc.dtype)
     decay = (tl.load(gend_ptr + c - 1) - g_e).to(gc.dtype)
-    q_scaled = q * (lam.to(gc.dtype) * tl.exp(gc + decay))[:, None]
+    q_scaled = q * (lam * tl.exp(gc + decay))[:, None]
     if SPLIT_DOTS:
         q_high, q_low = split16(q_scaled, do.dtype)
         return tl.dot(tl.trans(q_high), do, input_precision=IP) + tl.dot(tl.trans(q_low), do, input_precision=IP)
@@ -157,15 +156,17 @@ def dq_kernel(
     q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, node_ptr, do_ptr, dq_ptr, dlam_ptr, qdq_ptr,
     T, N, H, K, V, L, n_levels,
     sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdqb, sdqt, sdqh, sdlb, sdlt, sdlh,
-    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
 ):
     """Grid ``(H / HG, N, B)``. dq: ``[B, T, H, K]`` (strides ``sdq*``), or with SHARED one slot per head
-    group; dlam: ``[B, T, H, L]`` (strides ``sdl*``); qdq: ``[B, H, N·C]`` receives ``q·dq`` less the
-    chunk's own ``k·dk`` (both from the fp32 ``[C, C]`` pair matrix, where they cancel exactly)."""
+    group; lam and dlam: ``[B, T, H, L]`` (strides ``sl*``, ``sdl*``), read and written one level column at
+    a time — dlam zeroed, since only the columns of the levels a chunk uses are written; qdq: ``[B, H, N·C]``
+    receives ``q·dq`` less the chunk's own ``k·dk`` (both from the fp32 ``[C, C]`` pair matrix, where they
+    cancel exactly)."""
     i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t = i_c * C + tl.arange(0, C)
-    rk, rv, cols = tl.arange(0, BK), tl.arange(0, BV), tl.arange(0, BL)
+    rk, rv = tl.arange(0, BK), tl.arange(0, BV)
     tile = rk[:, None] * BV + rv[None, :]
     levels = fenwick_levels(C, C_LOG)
     q_ptr += i_b.to(tl.int64) * sqb
@@ -181,13 +182,14 @@ def dq_kernel(
         v = load_tile(v_ptr + i_b.to(tl.int64) * svb + h * svh, svt, t, T, rv, V)
         do = load_tile(do_ptr + i_b.to(tl.int64) * sdob + h * sdoh, sdot, t, T, rv, V)
         gc = tl.load(gc_ptr + bh * N * C + t)
-        lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + h * slh, slt, t, T, L, BL, gc.dtype)
+        lam_head = lam_ptr + i_b.to(tl.int64) * slb + h * slh
+        dlam_head = dlam_ptr + i_b.to(tl.int64) * sdlb + h * sdlh
         decay = decay_matrix(gc, C)
-        scales = level_scale_matrix(lam, levels, C_LOG, BL)
+        scales = load_level_scale_matrix(lam_head, slt, t, T, L, levels, C_LOG, gc.dtype)
         d_scores = tl.dot(do, tl.trans(v), input_precision=IP)
         dq = tl.dot((d_scores * decay * scales).to(k.dtype), k, input_precision=IP)
         pairs = d_scores * scores * decay  # (dO Vᵀ) ⊙ (Q Kᵀ) ⊙ E, fp32
-        dlam = level_sums(pairs, levels, C_LOG, BL)
+        store_level_sums(dlam_head, sdlt, t, T, L, pairs, levels, C_LOG)
         pairs *= scales
         d_cum = tl.sum(pairs, 1) - tl.sum(pairs, 0)  # the chunk's own part of dG, exact: the diagonal cancels
         g_start = tl.load(gend_ptr + bh * N + tl.maximum(i_c - 1, 0))
@@ -198,12 +200,11 @@ def dq_kernel(
                 to_node = (g_start - tl.load(gend_ptr + bh * N + e)).to(gc.dtype)
                 x = tl.dot(do.to(node.dtype), tl.trans(node), input_precision=IP) * tl.exp(gc + to_node)[:, None]
                 d_level = tl.sum(q * x, 1)
-                dlam = tl.where(cols[None, :] == C_LOG + level, d_level[:, None], dlam)
-                lam_level = level_column(lam, C_LOG + level, BL)
+                store_level_column(dlam_head, sdlt, t, T, L, C_LOG + level, d_level)
+                lam_level = load_level_column(lam_head, slt, t, T, L, C_LOG + level, gc.dtype)
                 dq += lam_level[:, None] * x
                 d_cum += lam_level * d_level  # q · (this level's share of dq)
         tl.store(qdq_ptr + bh * N * C + t, d_cum)
-        store_tile(dlam_ptr + i_b.to(tl.int64) * sdlb + h * sdlh, sdlt, t, T, cols, L, dlam)
         if SHARED:
             dq_group += dq
         else:
@@ -217,7 +218,7 @@ def dkdv_kernel(
     q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr, res_ptr, do_ptr, dk_ptr, dv_ptr, kdk_ptr,
     T, N, NB, H, K, V, L, n_levels,
     sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdkb, sdkt, sdkh, sdvb, sdvt, sdvh,
-    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     M: tl.constexpr, HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
     SPLIT: tl.constexpr, SPLIT_DOTS: tl.constexpr, RESIDUAL: tl.constexpr,
 ):
@@ -244,8 +245,8 @@ def dkdv_kernel(
         v = load_tile(v_ptr + i_b.to(tl.int64) * svb + h * svh, svt, t, T, rv, V)
         do = load_tile(do_ptr + i_b.to(tl.int64) * sdob + h * sdoh, sdot, t, T, rv, V)
         gc = tl.load(gc_ptr + bh * N * C + t)
-        lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + h * slh, slt, t, T, L, BL, gc.dtype)
-        weights = decay_matrix(gc, C) * level_scale_matrix(lam, levels, C_LOG, BL)
+        lam_head = lam_ptr + i_b.to(tl.int64) * slb + h * slh
+        weights = decay_matrix(gc, C) * load_level_scale_matrix(lam_head, slt, t, T, L, levels, C_LOG, gc.dtype)
         d_scores = tl.dot(do, tl.trans(v), input_precision=IP) * weights
         dv = tl.dot(tl.trans((scores * weights).to(do.dtype)), do, input_precision=IP)
         dk = tl.dot(tl.trans(d_scores.to(q.dtype)), q, input_precision=IP)
@@ -333,7 +334,7 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: in
     dlam = grads.get("dlam", torch.zeros(B, T, H, L, device=q.device, dtype=level_scales.dtype))
     qdq = torch.empty(B, H, N * chunk_size, device=q.device, dtype=acc)
     kdk = torch.empty_like(qdq)
-    common = dict(C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=BK, BV=BV, BL=level_block(T, chunk_size),
+    common = dict(C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=BK, BV=BV,
                   HG=HG, SHARED=shared, IP=dot_precision(q.dtype, config.precision), num_warps=config.num_warps)
     strides = (q.stride(0), q.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2),
                level_scales.stride(0), level_scales.stride(1), level_scales.stride(2),

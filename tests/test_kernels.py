@@ -47,6 +47,7 @@ def check_against_float64(fn, reference, args, rtol, what):
     names = ["dq", "dk", "dv", "dlevel_scales", "dlog_decay"] if len(grads) == 5 else ["dq", "dk", "dv", "dlog_decay"]
     for name, g, r in zip(names, grads, ref_grads):
         assert_close(g.double(), r, rtol=rtol, atol=1e-6, what=f"{what}: {name}")
+    return grads
 
 
 # --- step 1: chunked Mamba-2 -----------------------------------------------------------------------
@@ -113,6 +114,24 @@ def test_forward_and_every_gradient_match_float64(B, T, H, Hk, K, V, C, config):
         lambda *a: le.loglinear_attention(*a, form="naive"),
         inputs(B, T, H, Hk, K, V, seed=T + 1), rtol=2e-6, what=f"T={T}",
     )
+
+
+@pytest.mark.parametrize("extra_columns", [0, 27], ids=["L10-exactly-the-levels", "L37-wider-than-needed"])
+def test_level_scales_of_any_width_match_float64(extra_columns):
+    """λ is read and dλ written one column per level. T = 333 in chunks of 16 needs 10 levels (4 inside a
+    chunk plus level 0, 5 chunk levels): not a power of two; 27 more columns make λ wider than any tile
+    of the levels. o and every gradient match float64, and dλ of the columns no pair uses is zero."""
+    B, T, H, C = 1, 333, 1, 16
+    q, k, v, _, g = inputs(B, T, H, 1, 8, 6, seed=11)
+    levels = le.num_levels(T)
+    assert levels == 10
+    lam = (0.5 + torch.rand(B, T, H, levels + extra_columns, generator=torch.Generator().manual_seed(12))).to(q)
+    grads = check_against_float64(
+        lambda *a: kernels.loglinear_mamba2(*a, chunk_size=C, config=LaunchConfig(block_levels=2)),
+        lambda *a: le.loglinear_attention(*a, form="naive"),
+        [q, k, v, lam, g], rtol=2e-6, what=f"T={T}, L={lam.shape[-1]}",
+    )
+    assert not grads[3][..., levels:].any(), "dλ written in a column no pair uses"
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
