@@ -334,8 +334,8 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: in
     dlam = grads.get("dlam", torch.zeros(B, T, H, L, device=q.device, dtype=level_scales.dtype))
     qdq = torch.empty(B, H, N * chunk_size, device=q.device, dtype=acc)
     kdk = torch.empty_like(qdq)
-    common = dict(C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=BK, BV=BV,
-                  HG=HG, SHARED=shared, IP=dot_precision(q.dtype, config.precision), num_warps=config.num_warps)
+    common = dict(C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=BK, BV=BV, HG=HG, SHARED=shared,
+                  IP=dot_precision(q.dtype, config.precision), num_warps=config.num_warps)
     strides = (q.stride(0), q.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2),
                level_scales.stride(0), level_scales.stride(1), level_scales.stride(2),
                do.stride(0), do.stride(1), do.stride(2), dq.stride(0), dq.stride(1), dq.stride(2))
