@@ -94,6 +94,34 @@ def test_captured_step_equals_the_eager_step_on_cuda(tmp_path, name, compile):
     assert_same_training(eager, captured, rtol=1e-4, weights_rtol=1e-2, norm=True)
 
 
+def test_tf32_matmuls_is_set_inside_and_restored_after():
+    from loglin_edu.train.step import tf32_matmuls
+
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        with tf32_matmuls(True):
+            assert torch.backends.cuda.matmul.allow_tf32
+        assert not torch.backends.cuda.matmul.allow_tf32
+        with tf32_matmuls(False):
+            assert not torch.backends.cuda.matmul.allow_tf32
+        with pytest.raises(RuntimeError), tf32_matmuls(True):
+            raise RuntimeError("a failing step")
+        assert not torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+@pytest.mark.gpu
+def test_a_captured_tf32_step_equals_the_eager_tf32_step(tmp_path):
+    """With TF32 products the captured step records the precision it runs in: it trains as the eager TF32 step."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    eager = trained("loglinear_mamba2", tmp_path, "eager", device="cuda", tf32=True)
+    captured = trained("loglinear_mamba2", tmp_path, "captured", device="cuda", graphs=True, tf32=True)
+    assert captured[0]["capture_error"] is None and not torch.backends.cuda.matmul.allow_tf32
+    assert_same_training(eager, captured, rtol=1e-4, weights_rtol=1e-2, norm=True)
+
+
 @pytest.mark.gpu
 def test_a_captured_run_resumes_as_if_uninterrupted(tmp_path):
     """Stopped after 5 steps and started again (a new capture), a captured run ends with the weights of one that
@@ -119,9 +147,10 @@ def test_step_time_benchmark_writes_its_rows(tmp_path):
 
     out = tmp_path / "step.json"
     step_time.main(["--out", str(out), "--tier", "cpu", "--width", "16", "--models", "mamba2", "--modes", "eager",
-                    "--train-examples", "100", "--device", "cpu", "--chunk-size", "4"])
+                    "--train-examples", "100", "--device", "cpu", "--chunk-size", "4", "--tf32"])
     result = json.loads(out.read_text())
     assert result["chunk_size"] == 4 and result["backend"] == "torch" and "chunk 4" in result["what"]
+    assert result["tf32"] and not result["amp"] and "TF32 products True" in result["what"]
     assert not result["failed"] and result["complete"]
     assert [(r["model"], r["mode"], r["chunk_size"]) for r in result["rows"]] == [("mamba2", "eager", 4)]
     assert result["rows"][0]["ms_per_step"] > 0 and {"commit", "device", "versions"} <= result.keys()

@@ -33,7 +33,9 @@ class TrainConfig:
     """steps: optimiser steps; batch_size: sequences per step and member, split evenly over the training
     sets; warmup_steps: linear warm-up before the cosine decay; eval_every: steps between evaluations
     (and at the end); checkpoint_every: steps between checkpoints (None: only at the end); amp: bf16
-    autocast on CUDA (the attention operators themselves always run in float32); compile: the loss's forward
+    autocast on CUDA (the attention operators themselves always run in float32); tf32: the training step's float32
+    matrix products on CUDA in TF32 (10-bit mantissas, the tensor cores' float32 path; evaluation stays float32);
+    compile: the loss's forward
     and backward through ``torch.compile``; graphs: the whole step captured in a CUDA graph and replayed (CUDA
     only). Both change how the step is launched, not what it computes (:mod:`~loglin_edu.train.step`)."""
 
@@ -47,6 +49,7 @@ class TrainConfig:
     eval_batch_size: int = 256
     checkpoint_every: int | None = None
     amp: bool = False
+    tf32: bool = False
     compile: bool = False
     graphs: bool = False
 

@@ -21,6 +21,7 @@ device in one copy, so no step waits for the host.
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -48,6 +49,18 @@ def member_losses(ensemble: Ensemble, train_sets: list[RecallSet], rows: list[to
         logits = ensemble(tokens, positions)  # [M, N, V]
     losses = F.cross_entropy(logits.float().flatten(0, 1), answers.flatten(), reduction="none")
     return losses.view(len(ensemble.members), -1).mean(1)
+
+
+@contextmanager
+def tf32_matmuls(enabled: bool):
+    """Inside, CUDA float32 matrix products run in TF32 when ``enabled`` (``torch.backends.cuda.matmul.allow_tf32``);
+    the setting before is restored on leaving. A captured step keeps the precision it was recorded with."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = enabled or before
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def step_mode(config: "TrainConfig") -> str:
@@ -142,7 +155,8 @@ class TrainingStep:
     def eager(self) -> None:
         self.run.optimizer.zero_grad(set_to_none=True)
         try:
-            self.body()
+            with tf32_matmuls(self.config.tf32):
+                self.body()
         except Exception as error:  # noqa: BLE001 - compilation failed: the run goes on uncompiled and says why
             if not self.config.compile or self.compile_error is not None or self.eager_steps > 0:
                 raise
@@ -150,7 +164,8 @@ class TrainingStep:
             print(f"torch.compile failed, the loss runs uncompiled: {self.compile_error}", file=sys.stderr, flush=True)
             self.losses, self.mode = self.uncompiled_losses, self.mode.replace("compiled+", "").replace("compiled", "eager")
             self.run.optimizer.zero_grad(set_to_none=True)
-            self.body()
+            with tf32_matmuls(self.config.tf32):
+                self.body()
         self.eager_steps += 1
 
     def capture(self) -> None:
@@ -163,7 +178,7 @@ class TrainingStep:
         torch.cuda.empty_cache()
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"), tf32_matmuls(self.config.tf32):
                 self.body()
         except Exception as error:  # noqa: BLE001 - the run goes on eagerly and says why
             self.capture_error = f"{type(error).__name__}: {error}"

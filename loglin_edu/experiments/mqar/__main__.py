@@ -50,7 +50,7 @@ def choose_tier(args: argparse.Namespace, name: str) -> Tier:
     if args.chunk_size:
         changes["chunk_size"] = args.chunk_size
     train_changes = {k: v for k, v in dict(steps=args.steps, batch_size=args.batch_size, eval_every=args.eval_every,
-                                           amp=args.amp or None).items() if v is not None}
+                                           amp=args.amp or None, tf32=args.tf32 or None).items() if v is not None}
     if args.mode:
         train_changes.update(compile=args.mode.startswith("compiled"), graphs=args.mode.endswith("graphs"))
     if train_changes:
@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--eval-every", type=int)
     parser.add_argument("--amp", action="store_true", help="bf16 autocast on CUDA (operators stay float32)")
+    parser.add_argument("--tf32", action="store_true", help="the training step's float32 matrix products in TF32 on CUDA")
     parser.add_argument("--backend", choices=["torch", "auto"],
                         help="'auto': the Triton kernel for log-linear Mamba-2 on CUDA (default: torch)")
     parser.add_argument("--chunk-size", type=int, help="the recurrent mixers' chunk (default: the tier's, 64)")

@@ -43,14 +43,15 @@ READY_WAIT_S = 900.0
 
 
 def benchmark_tier(tier_name: str, train_examples: int | None, chunk_size: int | None = None,
-                   backend: str | None = None) -> Tier:
+                   backend: str | None = None, amp: bool = False, tf32: bool = False) -> Tier:
     """The tier whose step is measured, without validation and test sets (``train_examples``: training sequences
     per set; ``chunk_size``: the recurrent mixers' chunk; ``backend``: ``"torch"`` or ``"auto"``; each by default
-    the tier's)."""
+    the tier's; ``amp``, ``tf32``: the step's bf16 autocast and TF32 products, :class:`~loglin_edu.train.TrainConfig`)."""
     tier = TIERS[tier_name]
     data = replace(tier.data, train_examples=train_examples or tier.data.train_examples, validation_examples=1,
                    test_examples=1)
-    return replace(tier, data=data, train=replace(tier.train, steps=10**9), chunk_size=chunk_size or tier.chunk_size,
+    train = replace(tier.train, steps=10**9, amp=amp or tier.train.amp, tf32=tf32 or tier.train.tf32)
+    return replace(tier, data=data, train=train, chunk_size=chunk_size or tier.chunk_size,
                    backend=backend or tier.backend)
 
 
@@ -162,6 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--chunk-size", type=int, default=None, help="the recurrent mixers' chunk (default: the tier's)")
     parser.add_argument("--backend", choices=["torch", "auto"], default=None,
                         help="'auto': the Triton kernel for log-linear Mamba-2 on CUDA (default: the tier's, torch)")
+    parser.add_argument("--amp", action="store_true", help="bf16 autocast in the step (default: the tier's, off)")
+    parser.add_argument("--tf32", action="store_true", help="TF32 matrix products in the step (default: the tier's, off)")
     parser.add_argument("--device", default=None)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
@@ -174,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     modes = args.modes.split(",") if args.modes else list(default)
     if unknown := [m for m in modes if m not in MODES]:
         parser.error(f"unknown modes {unknown}; choose from {MODES}")
-    tier = benchmark_tier(args.tier, args.train_examples, args.chunk_size, args.backend)
+    tier = benchmark_tier(args.tier, args.train_examples, args.chunk_size, args.backend, args.amp, args.tf32)
     if args.worker:
         rows = worker(tier, args.worker, args.width, modes, device, args.folder, args.count)
         write_json(args.folder / f"rows-{args.worker}.json", rows)
@@ -199,6 +202,7 @@ def run_workers(args: argparse.Namespace, argv: list[str] | None, modes: list[st
                               ("--backend", args.backend)):
             if value:
                 cmd += [option, str(value)]
+        cmd += [flag for flag, on in (("--amp", args.amp), ("--tf32", args.tf32)) if on]
         log = (folder / f"log-{model}.txt").open("w")
         processes[model] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(
             os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS=threads))
@@ -241,9 +245,10 @@ def collect(args, running, rows, failed, folder: Path, start: float, command: st
                 what=f"milliseconds per training step of the {args.tier} tier's ensembles: T = {tier.data.seq_len}, "
                      f"batch {tier.train.batch_size} per member, vocabulary {tier.data.vocab_size}, {tier.n_layers} "
                      f"layers, width {args.width}, {members} members (seeds × learning rates), chunk {tier.chunk_size}, "
-                     f"backend {tier.backend}",
+                     f"backend {tier.backend}, bf16 autocast {tier.train.amp}, TF32 products {tier.train.tf32}",
                 **provenance(command, device), seconds=round(time.perf_counter() - start, 1), tier=args.tier,
-                width=args.width, members=members, chunk_size=tier.chunk_size, backend=tier.backend, batch_size=tier.train.batch_size, seq_len=tier.data.seq_len,
+                width=args.width, members=members, chunk_size=tier.chunk_size, backend=tier.backend, amp=tier.train.amp,
+                tf32=tier.train.tf32, batch_size=tier.train.batch_size, seq_len=tier.data.seq_len,
                 modes=modes, rows=sorted(rows, key=lambda r: (models.index(r["model"]), modes.index(r["mode"]))),
                 speedup=speedups(rows), failed=failed, complete=not running,
             ))
