@@ -1,4 +1,4 @@
-"""Step 4 — the backward kernels: node gradients, then ``dq, dλ`` and ``dk, dv``; ``d log_decay`` last.
+"""Step 4 — the backward kernels: node gradients, then ``dk, dv`` and ``dq, dλ``; ``d log_decay`` last.
 
 The forward of step 3, per chunk ``c`` and chunk level ``ℓ`` (bit ``ℓ - 1`` of ``c`` set), reads node
 ``e(c, ℓ)`` through the scaled queries ``Q̃_ℓ = diag(λ[:, c0 + ℓ] · exp(gc + G_{start(c)-1} - G_e)) Q``:
@@ -11,14 +11,15 @@ The forward of step 3, per chunk ``c`` and chunk level ``ℓ`` (bit ``ℓ - 1`` 
    The readers of node ``e`` at level ``ℓ`` are the ``2^(ℓ-1)`` chunks right after it. Grid
    ``(H, N / 2^m, B)`` as the tree kernel: a program owns ``2^m`` chunks; nodes whose readers all lie
    in its block it sums and stores; for the levels above ``m`` it sums its own chunks' share and adds
-   it atomically into a small fp32 buffer of upper nodes (one add per block and level).
-2. :func:`dq_kernel` — per chunk: ``dq = ((dO Vᵀ) ⊙ E ⊙ Λ) K + Σ_ℓ λ_ℓ ⊙ X_ℓ`` with
-   ``X_ℓ = diag(exp(gc + G_{start-1} - G_e)) dO S_eᵀ``, and ``dλ``: inside the chunk the sums of
-   ``(dO Vᵀ) ⊙ (Q Kᵀ) ⊙ E`` over the keys of each level, and at level ``ℓ`` the row sums of ``Q ⊙ X_ℓ``.
-3. :func:`dkdv_kernel` — per chunk: the gradient of its leaf ``K̃ᵀ V`` is the sum of the node gradients
+   it atomically (one add per block and level) into the node's slot, zeroed first: a node above the
+   blocks ends where a block ends, a slot no node inside the blocks uses (:func:`upper_node_grads`).
+2. :func:`dkdv_kernel` — per chunk: the gradient of its leaf ``K̃ᵀ V`` is the sum of the node gradients
    of its ancestors that are read (left children): ``dU_c = Σ_h exp(G_{e_h} - G_{end(c)}) dS_{e_h}``,
    one ``[K, V]`` add per height, then ``dv = ((Q Kᵀ) ⊙ E ⊙ Λ)ᵀ dO + K̃ dU_c`` and
-   ``dk = ((dO Vᵀ) ⊙ E ⊙ Λ)ᵀ Q + diag(exp(gc_last - gc)) V dU_cᵀ``.
+   ``dk = ((dO Vᵀ) ⊙ E ⊙ Λ)ᵀ Q + diag(exp(gc_last - gc)) V dU_cᵀ``. The node gradients are freed after it.
+3. :func:`dq_kernel` — per chunk: ``dq = ((dO Vᵀ) ⊙ E ⊙ Λ) K + Σ_ℓ λ_ℓ ⊙ X_ℓ`` with
+   ``X_ℓ = diag(exp(gc + G_{start-1} - G_e)) dO S_eᵀ``, and ``dλ``: inside the chunk the sums of
+   ``(dO Vᵀ) ⊙ (Q Kᵀ) ⊙ E`` over the keys of each level, and at level ``ℓ`` the row sums of ``Q ⊙ X_ℓ``.
 
 The decay's gradient, as in step 1: ``∂L/∂G_t = q_t · dq_t - k_t · dk_t`` per head, then a reverse
 cumulative sum over the sequence in fp64 on the host. Inside a chunk both dot products are sums of one
@@ -107,13 +108,14 @@ def reader_share(
 @triton.jit
 def node_grad_kernel(
     q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr,
-    T, N, NB, H, K, V, L, n_levels, n_inner,
+    T, N, H, K, V, L, n_levels, n_inner, sub_h, sub_slot,
     sqb, sqt, sqh, sdob, sdot, sdoh, slb, slt, slh,
     C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, M: tl.constexpr,
     IP: tl.constexpr, SPLIT_DOTS: tl.constexpr,
 ):
-    """Grid ``(H, NB, B)``. dnode: ``[B, H, N, BK, BV]`` (nodes below height M); dupper: zeroed
-    ``[B, H, NB, BK, BV]`` (nodes of height >= M, slot ``(e + 1) / 2^M - 1``). ``n_inner = min(M, n)``."""
+    """Grid ``(H, NB, B)``. dnode: ``[B, H, N, BK, BV]`` (nodes below height M); dupper: zeroed, the nodes of
+    height >= M, slot ``(e + 1) / 2^M - 1`` of ``(b, h)`` at ``(b·H + h)·sub_h + slot·sub_slot`` (a separate
+    buffer, or dnode's block-root slots, which no lower node uses). ``n_inner = min(M, n)``."""
     i_h, i_blk, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bh = (i_b * H + i_h).to(tl.int64)
     tile = tl.arange(0, BK)[:, None] * BV + tl.arange(0, BV)[None, :]
@@ -123,7 +125,7 @@ def node_grad_kernel(
     gc_ptr += bh * N * C
     gend_ptr += bh * N
     dnode_ptr += bh * N * BK * BV
-    dupper_ptr += bh * NB * BK * BV
+    dupper_ptr += bh * sub_h
     c_first = i_blk << M
     for level in range(1, n_inner + 1):  # nodes inside the block: this program sees all their readers
         half = 1 << (level - 1)
@@ -148,7 +150,7 @@ def node_grad_kernel(
                 if c < N:
                     acc += reader_share(q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, sqt, sdot, slt, c, level, g_e,
                                         T, K, V, L, C, C_LOG, BK, BV, IP, dnode_ptr.dtype.element_ty, SPLIT_DOTS)
-            tl.atomic_add(dupper_ptr + (((e + 1) >> M) - 1).to(tl.int64) * BK * BV + tile, acc)
+            tl.atomic_add(dupper_ptr + (((e + 1) >> M) - 1).to(tl.int64) * sub_slot + tile, acc)
 
 
 @triton.jit
@@ -216,15 +218,16 @@ def dq_kernel(
 @triton.jit
 def dkdv_kernel(
     q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr, res_ptr, do_ptr, dk_ptr, dv_ptr, kdk_ptr,
-    T, N, NB, H, K, V, L, n_levels,
+    T, N, H, K, V, L, n_levels, sub_h, sub_slot,
     sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdkb, sdkt, sdkh, sdvb, sdvt, sdvh,
     C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     M: tl.constexpr, HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
     SPLIT: tl.constexpr, SPLIT_DOTS: tl.constexpr, RESIDUAL: tl.constexpr,
 ):
-    """Grid ``(H / HG, N, B)``. dk: as dq of :func:`dq_kernel` (strides ``sdk*``); dv: ``[B, T, H, V]``
-    (strides ``sdv*``); kdk: ``[B, H, N·C]`` receives ``K̃·dK̃`` of the leaf (the chunk's own part is in
-    qdq), and at the chunk's last token the correction of its node's stored rounding (res, with RESIDUAL).
+    """Grid ``(H / HG, N, B)``. dnode, dupper: as :func:`node_grad_kernel` filled them (``sub_*`` as there);
+    dk: as dq of :func:`dq_kernel` (strides ``sdk*``); dv: ``[B, T, H, V]`` (strides ``sdv*``); kdk:
+    ``[B, H, N·C]`` receives ``K̃·dK̃`` of the leaf (the chunk's own part is in qdq), and at the chunk's last
+    token the correction of its node's stored rounding (res, with RESIDUAL).
     SPLIT as the tree kernel's; SPLIT_DOTS: fp32 node gradients of 16-bit inputs, multiplied in two parts."""
     i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t = i_c * C + tl.arange(0, C)
@@ -261,7 +264,7 @@ def dkdv_kernel(
                     if height < M:
                         d_node = tl.load(dnode_ptr + (bh * N + e) * BK * BV + tile).to(gc.dtype)
                     else:
-                        d_node = tl.load(dupper_ptr + (bh * NB + ((e + 1) >> M) - 1) * BK * BV + tile)
+                        d_node = tl.load(dupper_ptr + bh * sub_h + (((e + 1) >> M) - 1).to(tl.int64) * sub_slot + tile)
                     d_leaf += tl.exp((tl.load(gend_ptr + bh * N + e) - g_end).to(gc.dtype)) * d_node
                     if RESIDUAL:
                         if e == i_c:
@@ -292,6 +295,26 @@ def dkdv_kernel(
         store_tile(dk_ptr + i_b.to(tl.int64) * sdkb + i_g * sdkh, sdkt, t, T, rk, K, dk_group)
 
 
+def upper_node_grads(d_nodes: torch.Tensor, block_levels: int, n_levels: int, dtype: torch.dtype) -> torch.Tensor:
+    """Where :func:`node_grad_kernel` sums the gradients of the nodes above the blocks (height ``>= m``,
+    ``m = block_levels``), zeroed: ``[B, H, slots, BK, BV]``, slot ``(e + 1) / 2^m - 1`` for the node ending at
+    chunk ``e``. d_nodes: ``[B, H, N, BK, BV]``.
+
+    Such a node ends where a block ends, ``e ≡ 2^m - 1 (mod 2^m)``, and no node below height ``m`` does
+    (``e + 1`` has ``height`` trailing zeros), so when the node gradients have the accumulator type ``dtype``
+    their own slots ``e`` hold them: a strided view of ``d_nodes``. 16-bit node gradients get a separate
+    fp32 buffer (the atomic sums stay in fp32). Without levels above the blocks nothing is read or written
+    there, and ``d_nodes`` itself stands in.
+    """
+    B, H, N, BK, BV = d_nodes.shape
+    if n_levels <= block_levels:
+        return d_nodes
+    block = 1 << block_levels
+    if d_nodes.dtype == dtype:
+        return d_nodes[:, :, block - 1 :: block].zero_()
+    return torch.zeros(B, H, -(-N // block), BK, BV, device=d_nodes.device, dtype=dtype)
+
+
 def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: int = 64,
                        config: LaunchConfig = LaunchConfig(), grads: dict | None = None):
     """Gradients of :func:`~loglin_edu.kernels.step3_chunk_tree.loglinear_forward`: ``(dq, dk, dv, dlam, dG)``.
@@ -300,6 +323,13 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: in
     like q, k (summed over heads when shared); dG: ``[B, H, N·C]`` is the gradient of the cumulative
     decay. ``grads`` may hold preallocated outputs ``"dv"``, ``"dlam"`` and, for per-head q/k, ``"dq"``,
     ``"dk"`` (any strides, last dimension contiguous; ``dlam`` zeroed).
+
+    Buffers besides the outputs: the node gradients (``[B, H, N, BK, BV]``, fp32 by default; those above the
+    blocks in their block-root slots, :func:`upper_node_grads`), ``k·dk`` and ``q·dq`` (fp32 ``[B, H, N·C]``)
+    and, with q, k shared, per-head shares of dk and of dq (``[B, T, H / head_group, K]``, ``partial_dtype``)
+    that the host sums over the heads. dk and dv are computed first, as they read the node gradients; those are
+    freed before dq's shares and dλ are allocated, so the node gradients, dk's shares, dv and ``k·dk`` are the
+    most that is alive at once.
     """
     grads = dict(grads or {})
     B, T, Hk, K = q.shape
@@ -314,41 +344,46 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: in
     nodes, residuals = tree
     d_nodes = torch.empty(B, H, N, BK, BV, device=q.device, dtype=acc if config.exact_node_grads else state_dtype(q.dtype, config.precision))
     split_dots = q.dtype in (torch.float16, torch.bfloat16) and d_nodes.dtype == torch.float32
-    d_upper = torch.zeros(B, H, NB if n_levels > M else 1, BK, BV, device=q.device, dtype=acc)
+    d_upper = upper_node_grads(d_nodes, M, n_levels, acc)
     sqh = 0 if shared else q.stride(2)
     node_grad_kernel[(H, NB, B)](
-        q, do, level_scales, gc, gend, d_nodes, d_upper, T, N, NB if n_levels > M else 1, H, K, V, L,
-        n_levels, min(M, n_levels),
+        q, do, level_scales, gc, gend, d_nodes, d_upper, T, N, H, K, V, L, n_levels, min(M, n_levels),
+        d_upper.stride(1), d_upper.stride(2),
         q.stride(0), q.stride(1), sqh, do.stride(0), do.stride(1), do.stride(2),
         level_scales.stride(0), level_scales.stride(1), level_scales.stride(2),
         C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=BK, BV=BV, M=M, IP=dot_precision(q.dtype, config.precision),
         SPLIT_DOTS=split_dots, num_warps=config.tree_warps,
     )
-    if shared:
-        dq = torch.empty(B, T, H // HG, K, device=q.device, dtype=partial_dtype(q.dtype))
-        dk = torch.empty_like(dq)
-    else:
-        dq = grads.get("dq", torch.empty(B, T, H, K, device=q.device, dtype=q.dtype))
-        dk = grads.get("dk", torch.empty(B, T, H, K, device=q.device, dtype=q.dtype))
-    dv = grads.get("dv", torch.empty(B, T, H, V, device=q.device, dtype=v.dtype))
-    dlam = grads.get("dlam", torch.zeros(B, T, H, L, device=q.device, dtype=level_scales.dtype))
-    qdq = torch.empty(B, H, N * chunk_size, device=q.device, dtype=acc)
-    kdk = torch.empty_like(qdq)
     common = dict(C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=BK, BV=BV, HG=HG, SHARED=shared,
                   IP=dot_precision(q.dtype, config.precision), num_warps=config.num_warps)
-    strides = (q.stride(0), q.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2),
-               level_scales.stride(0), level_scales.stride(1), level_scales.stride(2),
-               do.stride(0), do.stride(1), do.stride(2), dq.stride(0), dq.stride(1), dq.stride(2))
-    dq_kernel[(H // HG, N, B)](
-        q, k, v, level_scales, gc, gend, nodes, do, dq, dlam, qdq, T, N, H, K, V, L, n_levels,
-        *strides, dlam.stride(0), dlam.stride(1), dlam.stride(2), **common,
-    )
+    input_strides = (q.stride(0), q.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2),
+                     level_scales.stride(0), level_scales.stride(1), level_scales.stride(2),
+                     do.stride(0), do.stride(1), do.stride(2))
+    if shared:
+        dk = torch.empty(B, T, H // HG, K, device=q.device, dtype=partial_dtype(q.dtype))
+    else:
+        dk = grads["dk"] if "dk" in grads else torch.empty(B, T, H, K, device=q.device, dtype=q.dtype)
+    dv = grads["dv"] if "dv" in grads else torch.empty(B, T, H, V, device=q.device, dtype=v.dtype)
+    kdk = torch.empty(B, H, N * chunk_size, device=q.device, dtype=acc)
     dkdv_kernel[(H // HG, N, B)](
         q, k, v, level_scales, gc, gend, d_nodes, d_upper, residuals if residuals.numel() else nodes, do, dk, dv, kdk,
-        T, N, d_upper.shape[2], H, K, V, L,
-        n_levels, *strides[:12], dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        T, N, H, K, V, L, n_levels, d_upper.stride(1), d_upper.stride(2),
+        *input_strides, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         M=M, SPLIT=split_leaf(q.dtype, config.precision), SPLIT_DOTS=split_dots, RESIDUAL=residuals.numel() > 0, **common,
     )
+    del d_nodes, d_upper  # dq reads the forward's nodes, not their gradients
     if shared:
-        dq, dk = (x.sum(2, keepdim=True).to(q.dtype) for x in (dq, dk))
+        dk = dk.sum(2, keepdim=True).to(q.dtype)
+        dq = torch.empty(B, T, H // HG, K, device=q.device, dtype=partial_dtype(q.dtype))
+    else:
+        dq = grads["dq"] if "dq" in grads else torch.empty(B, T, H, K, device=q.device, dtype=q.dtype)
+    dlam = grads["dlam"] if "dlam" in grads else torch.zeros(B, T, H, L, device=q.device, dtype=level_scales.dtype)
+    qdq = torch.empty_like(kdk)
+    dq_kernel[(H // HG, N, B)](
+        q, k, v, level_scales, gc, gend, nodes, do, dq, dlam, qdq, T, N, H, K, V, L, n_levels,
+        *input_strides, dq.stride(0), dq.stride(1), dq.stride(2), dlam.stride(0), dlam.stride(1), dlam.stride(2),
+        **common,
+    )
+    if shared:
+        dq = dq.sum(2, keepdim=True).to(q.dtype)
     return dq, dk, dv, dlam, qdq - kdk

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import loglin_edu as le
-from kernel_helpers import DEVICE, grads_of, guard_intact, padded_copy, padded_view, zero_fill_sizes
+from kernel_helpers import DEVICE, grads_of, guard_intact, padded_copy, padded_view, peak_new_bytes, zero_fill_sizes
 from operators import assert_close
 
 kernels = pytest.importorskip("loglin_edu.kernels.step5_loglinear_mamba2")
@@ -174,6 +174,32 @@ def test_backward_fills_no_zero_gradient_for_the_tree():
     states = -(-300 // 16) * 2 * 16 * 16  # one K x V node per chunk and head
     sizes = zero_fill_sizes(lambda: o.sum().backward())
     assert all(n < states for n in sizes), sizes
+
+
+def test_peak_counts_the_storages_alive_at_once():
+    def run():
+        a, b = torch.empty(256), torch.empty(128, dtype=torch.float64)
+        b[:64].zero_()  # a view and an in-place op: nothing new
+        del a
+        torch.empty(200)
+
+    assert peak_new_bytes(run) == 256 * 4 + 128 * 8
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="counts the interpreter's allocations")
+def test_backward_holds_the_node_gradients_next_to_one_head_share_at_most():
+    """The backward's largest moment: the fp32 node gradients (those above the blocks in their own block-root
+    slots, no second buffer), dk's per-head shares, dv and k·dk. dq's shares and dλ come after the node gradients
+    are freed."""
+    B, T, H, K, V, C = 1, 128, 2, 16, 32, 16
+    config = LaunchConfig(block_levels=2)  # 8 chunks: 3 levels, one above the blocks of 4
+    q, k, v, lam, g = (x.float() for x in inputs(B, T, H, 1, K, V))
+    gc, gend = chunk_decay(g, B, T, H, C, q.device)
+    _, tree = loglinear_forward(q, k, v, lam, gc, gend, C, config)
+    do = torch.randn(B, T, H, V, generator=torch.Generator().manual_seed(3))
+    node_grads, dk_shares, dv, k_dk = (4 * n for n in (B * H * (T // C) * K * V, B * T * H * K, B * T * H * V, B * H * T))
+    peak = peak_new_bytes(lambda: loglinear_backward(q, k, v, lam, gc, gend, tree, do, C, config))
+    assert peak == node_grads + dk_shares + dv + k_dk
 
 
 def test_unknown_precision_is_refused():
