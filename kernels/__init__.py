@@ -14,7 +14,7 @@ The ladder, one file per step, each checked against the step before and against 
 3. :mod:`~loglin_edu.kernels.step3_chunk_tree` — the inter-chunk levels: a Fenwick tree of ``K × V`` states
    over chunks, built in ``O(log N)`` depth, and the output kernel that reads one node per level.
 4. :mod:`~loglin_edu.kernels.step4_tree_backward` — the backward through the tree: node gradients, then
-   ``dq, dλ`` and ``dk, dv``; ``d log_decay`` from a reverse cumulative sum.
+   ``dk, dv`` and ``dq, dλ``; ``d log_decay`` from a reverse cumulative sum.
 5. :mod:`~loglin_edu.kernels.step5_loglinear_mamba2` — the ``torch.autograd.Function`` behind
    ``loglinear_attention(..., form="triton")``, for any shapes and inside ``torch.func.vmap``.
 

@@ -30,7 +30,8 @@ Three launches (shapes per program in brackets):
 2. :func:`fenwick_upper_kernel`, grid ``(H, B)``: the same binary counter over block roots, for the
    ``log2(N / 2^m)`` levels above the blocks: ``N / 2^m`` steps of a ``[K, V]`` add.
 3. :func:`loglinear_fwd_kernel`, grid ``(H / head_group, N, B)``: step 2's product plus one
-   ``[C, K] × [K, V]`` product per level read.
+   ``[C, K] × [K, V]`` product per level read. λ is loaded one ``[C]`` column per level it uses
+   (:func:`~.tiles.load_level_column`), so no tile's width grows with ``T``.
 
 Memory traffic: q, k, v read twice (tree and output), o written once, one ``K × V`` node written per
 chunk and read by ``popcount(c)`` chunks (mostly from L2: a node of level ``ℓ`` is read by the
@@ -47,13 +48,12 @@ import triton
 import triton.language as tl
 
 from ..fenwick import num_chunk_levels
-from .config import LaunchConfig, accumulator_dtype, dot_precision, head_block, level_block, split_leaf, state_dtype
+from .config import LaunchConfig, accumulator_dtype, dot_precision, head_block, split_leaf, state_dtype
 from .tiles import (
     decay_matrix,
     fenwick_levels,
-    level_column,
-    level_scale_matrix,
-    load_level_scales,
+    load_level_column,
+    load_level_scale_matrix,
     load_qk_scores,
     load_tile,
     split16,
@@ -163,11 +163,12 @@ def fenwick_upper_kernel(
 
 @triton.jit
 def read_levels(
-    out, q, lam, gc, gend_ptr, node_ptr, i_c, n_levels,
-    C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr, IP: tl.constexpr,
+    out, q, lam_ptr, slt, t, T, L, gc, gend_ptr, node_ptr, i_c, n_levels,
+    C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IP: tl.constexpr,
 ):
-    """``out + Σ_ℓ diag(λ[:, C_LOG + ℓ] · exp(gc + G_{start-1} - G_e)) q S_node(ℓ)`` over the chunk levels
-    ``ℓ`` whose bit is set in ``i_c``. q: [C, BK]; lam: [C, BL]; gc: [C]; out: [C, BV] fp32."""
+    """``out + Σ_ℓ diag(λ[t, C_LOG + ℓ] · exp(gc + G_{start-1} - G_e)) q S_node(ℓ)`` over the chunk levels
+    ``ℓ`` whose bit is set in ``i_c``, each level's column of λ loaded when it is read. q: [C, BK];
+    lam_ptr: the head's ``level_scales`` (token stride ``slt``); t, gc: [C]; out: [C, BV] fp32."""
     tile = tl.arange(0, BK)[:, None] * BV + tl.arange(0, BV)[None, :]
     g_start = tl.load(gend_ptr + tl.maximum(i_c - 1, 0))  # G at the token before the chunk
     for level in range(1, n_levels + 1):
@@ -175,7 +176,7 @@ def read_levels(
             e = ((i_c >> level) << level) + (1 << (level - 1)) - 1  # the node this level reads
             node = tl.load(node_ptr + e.to(tl.int64) * BK * BV + tile)
             decay = (g_start - tl.load(gend_ptr + e)).to(gc.dtype)
-            scale = level_column(lam, C_LOG + level, BL) * tl.exp(gc + decay)
+            scale = load_level_column(lam_ptr, slt, t, T, L, C_LOG + level, gc.dtype) * tl.exp(gc + decay)
             out += tl.dot((q * scale[:, None]).to(node.dtype), node, input_precision=IP)
     return out
 
@@ -185,10 +186,11 @@ def loglinear_fwd_kernel(
     q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, node_ptr, o_ptr,
     T, N, H, K, V, L, n_levels,
     sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sob, sot, soh,
-    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
 ):
-    """Grid ``(H / HG, N, B)``: chunk ``i_c`` for heads ``i_g·HG ..``; levels inside the chunk, then the nodes."""
+    """Grid ``(H / HG, N, B)``: chunk ``i_c`` for heads ``i_g·HG ..``; levels inside the chunk, then the nodes.
+    lam: ``[B, T, H, L]`` (strides ``sl*``), read one level column at a time."""
     i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t = i_c * C + tl.arange(0, C)
     rk, rv = tl.arange(0, BK), tl.arange(0, BV)
@@ -204,11 +206,11 @@ def loglinear_fwd_kernel(
             q, k, scores = load_qk_scores(q_ptr + h * sqh, k_ptr + h * sqh, sqt, t, T, rk, K, IP)
         v = load_tile(v_ptr + i_b.to(tl.int64) * svb + h * svh, svt, t, T, rv, V)
         gc = tl.load(gc_ptr + bh * N * C + t)
-        lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + h * slh, slt, t, T, L, BL, gc.dtype)
-        weights = decay_matrix(gc, C) * level_scale_matrix(lam, levels, C_LOG, BL)
+        lam_head = lam_ptr + i_b.to(tl.int64) * slb + h * slh
+        weights = decay_matrix(gc, C) * load_level_scale_matrix(lam_head, slt, t, T, L, levels, C_LOG, gc.dtype)
         out = tl.dot((scores * weights).to(v.dtype), v, input_precision=IP)
-        out = read_levels(out, q, lam, gc, gend_ptr + bh * N, node_ptr + bh * N * BK * BV, i_c, n_levels,
-                          C_LOG, BK, BV, BL, IP)
+        out = read_levels(out, q, lam_head, slt, t, T, L, gc, gend_ptr + bh * N, node_ptr + bh * N * BK * BV, i_c,
+                          n_levels, C_LOG, BK, BV, IP)
         store_tile(o_ptr + i_b.to(tl.int64) * sob + h * soh, sot, t, T, rv, V, out)
 
 
@@ -273,7 +275,7 @@ def loglinear_forward(q, k, v, level_scales, gc, gend, chunk_size: int = 64,
         q, k, v, level_scales, gc, gend, tree.nodes, o, T, N, H, K, V, L, num_chunk_levels(T, chunk_size),
         q.stride(0), q.stride(1), 0 if Hk == 1 else q.stride(2), v.stride(0), v.stride(1), v.stride(2),
         level_scales.stride(0), level_scales.stride(1), level_scales.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=head_block(K), BV=head_block(V), BL=level_block(T, chunk_size),
+        C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=head_block(K), BV=head_block(V),
         HG=HG, SHARED=Hk == 1, IP=dot_precision(q.dtype, config.precision), num_warps=config.num_warps,
     )
     return o, tree

@@ -1,4 +1,4 @@
-"""Step 4 — the backward kernels: node gradients, then ``dq, dλ`` and ``dk, dv``; ``d log_decay`` last.
+"""Step 4 — the backward kernels: node gradients, then ``dk, dv`` and ``dq, dλ``; ``d log_decay`` last.
 
 The forward of step 3, per chunk ``c`` and chunk level ``ℓ`` (bit ``ℓ - 1`` of ``c`` set), reads node
 ``e(c, ℓ)`` through the scaled queries ``Q̃_ℓ = diag(λ[:, c0 + ℓ] · exp(gc + G_{start(c)-1} - G_e)) Q``:
@@ -11,14 +11,15 @@ The forward of step 3, per chunk ``c`` and chunk level ``ℓ`` (bit ``ℓ - 1`` 
    The readers of node ``e`` at level ``ℓ`` are the ``2^(ℓ-1)`` chunks right after it. Grid
    ``(H, N / 2^m, B)`` as the tree kernel: a program owns ``2^m`` chunks; nodes whose readers all lie
    in its block it sums and stores; for the levels above ``m`` it sums its own chunks' share and adds
-   it atomically into a small fp32 buffer of upper nodes (one add per block and level).
-2. :func:`dq_kernel` — per chunk: ``dq = ((dO Vᵀ) ⊙ E ⊙ Λ) K + Σ_ℓ λ_ℓ ⊙ X_ℓ`` with
-   ``X_ℓ = diag(exp(gc + G_{start-1} - G_e)) dO S_eᵀ``, and ``dλ``: inside the chunk the sums of
-   ``(dO Vᵀ) ⊙ (Q Kᵀ) ⊙ E`` over the keys of each level, and at level ``ℓ`` the row sums of ``Q ⊙ X_ℓ``.
-3. :func:`dkdv_kernel` — per chunk: the gradient of its leaf ``K̃ᵀ V`` is the sum of the node gradients
+   it atomically (one add per block and level) into the node's slot, zeroed first: a node above the
+   blocks ends where a block ends, a slot no node inside the blocks uses (:func:`upper_node_grads`).
+2. :func:`dkdv_kernel` — per chunk: the gradient of its leaf ``K̃ᵀ V`` is the sum of the node gradients
    of its ancestors that are read (left children): ``dU_c = Σ_h exp(G_{e_h} - G_{end(c)}) dS_{e_h}``,
    one ``[K, V]`` add per height, then ``dv = ((Q Kᵀ) ⊙ E ⊙ Λ)ᵀ dO + K̃ dU_c`` and
-   ``dk = ((dO Vᵀ) ⊙ E ⊙ Λ)ᵀ Q + diag(exp(gc_last - gc)) V dU_cᵀ``.
+   ``dk = ((dO Vᵀ) ⊙ E ⊙ Λ)ᵀ Q + diag(exp(gc_last - gc)) V dU_cᵀ``. The node gradients are freed after it.
+3. :func:`dq_kernel` — per chunk: ``dq = ((dO Vᵀ) ⊙ E ⊙ Λ) K + Σ_ℓ λ_ℓ ⊙ X_ℓ`` with
+   ``X_ℓ = diag(exp(gc + G_{start-1} - G_e)) dO S_eᵀ``, and ``dλ``: inside the chunk the sums of
+   ``(dO Vᵀ) ⊙ (Q Kᵀ) ⊙ E`` over the keys of each level, and at level ``ℓ`` the row sums of ``Q ⊙ X_ℓ``.
 
 The decay's gradient, as in step 1: ``∂L/∂G_t = q_t · dq_t - k_t · dk_t`` per head, then a reverse
 cumulative sum over the sequence in fp64 on the host. Inside a chunk both dot products are sums of one
@@ -64,7 +65,6 @@ from .config import (
     accumulator_dtype,
     dot_precision,
     head_block,
-    level_block,
     partial_dtype,
     split_leaf,
     state_dtype,
@@ -72,13 +72,13 @@ from .config import (
 from .tiles import (
     decay_matrix,
     fenwick_levels,
-    level_column,
-    level_scale_matrix,
-    level_sums,
-    load_level_scales,
+    load_level_column,
+    load_level_scale_matrix,
     load_qk_scores,
     load_tile,
     split16,
+    store_level_column,
+    store_level_sums,
     store_tile,
 )
 
@@ -96,9 +96,9 @@ def reader_share(
     q = load_tile(q_ptr, sqt, t, T, tl.arange(0, BK), K)
     do = load_tile(do_ptr, sdot, t, T, tl.arange(0, BV), V)
     gc = tl.load(gc_ptr + t)
-    lam = tl.load(lam_ptr + t.to(tl.int64) * slt + C_LOG + level, mask=(t < T) & (t * 0 + C_LOG + level < L), other=0.0)
+    lam = load_level_column(lam_ptr, slt, t, T, L, C_LOG + level, gc.dtype)
     decay = (tl.load(gend_ptr + c - 1) - g_e).to(gc.dtype)
-    q_scaled = q * (lam.to(gc.dtype) * tl.exp(gc + decay))[:, None]
+    q_scaled = q * (lam * tl.exp(gc + decay))[:, None]
     if SPLIT_DOTS:
         q_high, q_low = split16(q_scaled, do.dtype)
         return tl.dot(tl.trans(q_high), do, input_precision=IP) + tl.dot(tl.trans(q_low), do, input_precision=IP)
@@ -108,13 +108,14 @@ def reader_share(
 @triton.jit
 def node_grad_kernel(
     q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr,
-    T, N, NB, H, K, V, L, n_levels, n_inner,
+    T, N, H, K, V, L, n_levels, n_inner, sub_h, sub_slot,
     sqb, sqt, sqh, sdob, sdot, sdoh, slb, slt, slh,
     C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, M: tl.constexpr,
     IP: tl.constexpr, SPLIT_DOTS: tl.constexpr,
 ):
-    """Grid ``(H, NB, B)``. dnode: ``[B, H, N, BK, BV]`` (nodes below height M); dupper: zeroed
-    ``[B, H, NB, BK, BV]`` (nodes of height >= M, slot ``(e + 1) / 2^M - 1``). ``n_inner = min(M, n)``."""
+    """Grid ``(H, NB, B)``. dnode: ``[B, H, N, BK, BV]`` (nodes below height M); dupper: zeroed, the nodes of
+    height >= M, slot ``(e + 1) / 2^M - 1`` of ``(b, h)`` at ``(b·H + h)·sub_h + slot·sub_slot`` (a separate
+    buffer, or dnode's block-root slots, which no lower node uses). ``n_inner = min(M, n)``."""
     i_h, i_blk, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bh = (i_b * H + i_h).to(tl.int64)
     tile = tl.arange(0, BK)[:, None] * BV + tl.arange(0, BV)[None, :]
@@ -124,7 +125,7 @@ def node_grad_kernel(
     gc_ptr += bh * N * C
     gend_ptr += bh * N
     dnode_ptr += bh * N * BK * BV
-    dupper_ptr += bh * NB * BK * BV
+    dupper_ptr += bh * sub_h
     c_first = i_blk << M
     for level in range(1, n_inner + 1):  # nodes inside the block: this program sees all their readers
         half = 1 << (level - 1)
@@ -149,7 +150,7 @@ def node_grad_kernel(
                 if c < N:
                     acc += reader_share(q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, sqt, sdot, slt, c, level, g_e,
                                         T, K, V, L, C, C_LOG, BK, BV, IP, dnode_ptr.dtype.element_ty, SPLIT_DOTS)
-            tl.atomic_add(dupper_ptr + (((e + 1) >> M) - 1).to(tl.int64) * BK * BV + tile, acc)
+            tl.atomic_add(dupper_ptr + (((e + 1) >> M) - 1).to(tl.int64) * sub_slot + tile, acc)
 
 
 @triton.jit
@@ -157,15 +158,17 @@ def dq_kernel(
     q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, node_ptr, do_ptr, dq_ptr, dlam_ptr, qdq_ptr,
     T, N, H, K, V, L, n_levels,
     sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdqb, sdqt, sdqh, sdlb, sdlt, sdlh,
-    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
 ):
     """Grid ``(H / HG, N, B)``. dq: ``[B, T, H, K]`` (strides ``sdq*``), or with SHARED one slot per head
-    group; dlam: ``[B, T, H, L]`` (strides ``sdl*``); qdq: ``[B, H, N·C]`` receives ``q·dq`` less the
-    chunk's own ``k·dk`` (both from the fp32 ``[C, C]`` pair matrix, where they cancel exactly)."""
+    group; lam and dlam: ``[B, T, H, L]`` (strides ``sl*``, ``sdl*``), read and written one level column at
+    a time — dlam zeroed, since only the columns of the levels a chunk uses are written; qdq: ``[B, H, N·C]``
+    receives ``q·dq`` less the chunk's own ``k·dk`` (both from the fp32 ``[C, C]`` pair matrix, where they
+    cancel exactly)."""
     i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t = i_c * C + tl.arange(0, C)
-    rk, rv, cols = tl.arange(0, BK), tl.arange(0, BV), tl.arange(0, BL)
+    rk, rv = tl.arange(0, BK), tl.arange(0, BV)
     tile = rk[:, None] * BV + rv[None, :]
     levels = fenwick_levels(C, C_LOG)
     q_ptr += i_b.to(tl.int64) * sqb
@@ -181,13 +184,14 @@ def dq_kernel(
         v = load_tile(v_ptr + i_b.to(tl.int64) * svb + h * svh, svt, t, T, rv, V)
         do = load_tile(do_ptr + i_b.to(tl.int64) * sdob + h * sdoh, sdot, t, T, rv, V)
         gc = tl.load(gc_ptr + bh * N * C + t)
-        lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + h * slh, slt, t, T, L, BL, gc.dtype)
+        lam_head = lam_ptr + i_b.to(tl.int64) * slb + h * slh
+        dlam_head = dlam_ptr + i_b.to(tl.int64) * sdlb + h * sdlh
         decay = decay_matrix(gc, C)
-        scales = level_scale_matrix(lam, levels, C_LOG, BL)
+        scales = load_level_scale_matrix(lam_head, slt, t, T, L, levels, C_LOG, gc.dtype)
         d_scores = tl.dot(do, tl.trans(v), input_precision=IP)
         dq = tl.dot((d_scores * decay * scales).to(k.dtype), k, input_precision=IP)
         pairs = d_scores * scores * decay  # (dO Vᵀ) ⊙ (Q Kᵀ) ⊙ E, fp32
-        dlam = level_sums(pairs, levels, C_LOG, BL)
+        store_level_sums(dlam_head, sdlt, t, T, L, pairs, levels, C_LOG)
         pairs *= scales
         d_cum = tl.sum(pairs, 1) - tl.sum(pairs, 0)  # the chunk's own part of dG, exact: the diagonal cancels
         g_start = tl.load(gend_ptr + bh * N + tl.maximum(i_c - 1, 0))
@@ -198,12 +202,11 @@ def dq_kernel(
                 to_node = (g_start - tl.load(gend_ptr + bh * N + e)).to(gc.dtype)
                 x = tl.dot(do.to(node.dtype), tl.trans(node), input_precision=IP) * tl.exp(gc + to_node)[:, None]
                 d_level = tl.sum(q * x, 1)
-                dlam = tl.where(cols[None, :] == C_LOG + level, d_level[:, None], dlam)
-                lam_level = level_column(lam, C_LOG + level, BL)
+                store_level_column(dlam_head, sdlt, t, T, L, C_LOG + level, d_level)
+                lam_level = load_level_column(lam_head, slt, t, T, L, C_LOG + level, gc.dtype)
                 dq += lam_level[:, None] * x
                 d_cum += lam_level * d_level  # q · (this level's share of dq)
         tl.store(qdq_ptr + bh * N * C + t, d_cum)
-        store_tile(dlam_ptr + i_b.to(tl.int64) * sdlb + h * sdlh, sdlt, t, T, cols, L, dlam)
         if SHARED:
             dq_group += dq
         else:
@@ -215,15 +218,16 @@ def dq_kernel(
 @triton.jit
 def dkdv_kernel(
     q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr, res_ptr, do_ptr, dk_ptr, dv_ptr, kdk_ptr,
-    T, N, NB, H, K, V, L, n_levels,
+    T, N, H, K, V, L, n_levels, sub_h, sub_slot,
     sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdkb, sdkt, sdkh, sdvb, sdvt, sdvh,
-    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BL: tl.constexpr,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     M: tl.constexpr, HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
     SPLIT: tl.constexpr, SPLIT_DOTS: tl.constexpr, RESIDUAL: tl.constexpr,
 ):
-    """Grid ``(H / HG, N, B)``. dk: as dq of :func:`dq_kernel` (strides ``sdk*``); dv: ``[B, T, H, V]``
-    (strides ``sdv*``); kdk: ``[B, H, N·C]`` receives ``K̃·dK̃`` of the leaf (the chunk's own part is in
-    qdq), and at the chunk's last token the correction of its node's stored rounding (res, with RESIDUAL).
+    """Grid ``(H / HG, N, B)``. dnode, dupper: as :func:`node_grad_kernel` filled them (``sub_*`` as there);
+    dk: as dq of :func:`dq_kernel` (strides ``sdk*``); dv: ``[B, T, H, V]`` (strides ``sdv*``); kdk:
+    ``[B, H, N·C]`` receives ``K̃·dK̃`` of the leaf (the chunk's own part is in qdq), and at the chunk's last
+    token the correction of its node's stored rounding (res, with RESIDUAL).
     SPLIT as the tree kernel's; SPLIT_DOTS: fp32 node gradients of 16-bit inputs, multiplied in two parts."""
     i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t = i_c * C + tl.arange(0, C)
@@ -244,8 +248,8 @@ def dkdv_kernel(
         v = load_tile(v_ptr + i_b.to(tl.int64) * svb + h * svh, svt, t, T, rv, V)
         do = load_tile(do_ptr + i_b.to(tl.int64) * sdob + h * sdoh, sdot, t, T, rv, V)
         gc = tl.load(gc_ptr + bh * N * C + t)
-        lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + h * slh, slt, t, T, L, BL, gc.dtype)
-        weights = decay_matrix(gc, C) * level_scale_matrix(lam, levels, C_LOG, BL)
+        lam_head = lam_ptr + i_b.to(tl.int64) * slb + h * slh
+        weights = decay_matrix(gc, C) * load_level_scale_matrix(lam_head, slt, t, T, L, levels, C_LOG, gc.dtype)
         d_scores = tl.dot(do, tl.trans(v), input_precision=IP) * weights
         dv = tl.dot(tl.trans((scores * weights).to(do.dtype)), do, input_precision=IP)
         dk = tl.dot(tl.trans(d_scores.to(q.dtype)), q, input_precision=IP)
@@ -260,7 +264,7 @@ def dkdv_kernel(
                     if height < M:
                         d_node = tl.load(dnode_ptr + (bh * N + e) * BK * BV + tile).to(gc.dtype)
                     else:
-                        d_node = tl.load(dupper_ptr + (bh * NB + ((e + 1) >> M) - 1) * BK * BV + tile)
+                        d_node = tl.load(dupper_ptr + bh * sub_h + (((e + 1) >> M) - 1).to(tl.int64) * sub_slot + tile)
                     d_leaf += tl.exp((tl.load(gend_ptr + bh * N + e) - g_end).to(gc.dtype)) * d_node
                     if RESIDUAL:
                         if e == i_c:
@@ -291,6 +295,26 @@ def dkdv_kernel(
         store_tile(dk_ptr + i_b.to(tl.int64) * sdkb + i_g * sdkh, sdkt, t, T, rk, K, dk_group)
 
 
+def upper_node_grads(d_nodes: torch.Tensor, block_levels: int, n_levels: int, dtype: torch.dtype) -> torch.Tensor:
+    """Where :func:`node_grad_kernel` sums the gradients of the nodes above the blocks (height ``>= m``,
+    ``m = block_levels``), zeroed: ``[B, H, slots, BK, BV]``, slot ``(e + 1) / 2^m - 1`` for the node ending at
+    chunk ``e``. d_nodes: ``[B, H, N, BK, BV]``.
+
+    Such a node ends where a block ends, ``e ≡ 2^m - 1 (mod 2^m)``, and no node below height ``m`` does
+    (``e + 1`` has ``height`` trailing zeros), so when the node gradients have the accumulator type ``dtype``
+    their own slots ``e`` hold them: a strided view of ``d_nodes``. 16-bit node gradients get a separate
+    fp32 buffer (the atomic sums stay in fp32). Without levels above the blocks nothing is read or written
+    there, and ``d_nodes`` itself stands in.
+    """
+    B, H, N, BK, BV = d_nodes.shape
+    if n_levels <= block_levels:
+        return d_nodes
+    block = 1 << block_levels
+    if d_nodes.dtype == dtype:
+        return d_nodes[:, :, block - 1 :: block].zero_()
+    return torch.zeros(B, H, -(-N // block), BK, BV, device=d_nodes.device, dtype=dtype)
+
+
 def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: int = 64,
                        config: LaunchConfig = LaunchConfig(), grads: dict | None = None):
     """Gradients of :func:`~loglin_edu.kernels.step3_chunk_tree.loglinear_forward`: ``(dq, dk, dv, dlam, dG)``.
@@ -299,6 +323,13 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: in
     like q, k (summed over heads when shared); dG: ``[B, H, N·C]`` is the gradient of the cumulative
     decay. ``grads`` may hold preallocated outputs ``"dv"``, ``"dlam"`` and, for per-head q/k, ``"dq"``,
     ``"dk"`` (any strides, last dimension contiguous; ``dlam`` zeroed).
+
+    Buffers besides the outputs: the node gradients (``[B, H, N, BK, BV]``, fp32 by default; those above the
+    blocks in their block-root slots, :func:`upper_node_grads`), ``k·dk`` and ``q·dq`` (fp32 ``[B, H, N·C]``)
+    and, with q, k shared, per-head shares of dk and of dq (``[B, T, H / head_group, K]``, ``partial_dtype``)
+    that the host sums over the heads. dk and dv are computed first, as they read the node gradients; those are
+    freed before dq's shares and dλ are allocated, so the node gradients, dk's shares, dv and ``k·dk`` are the
+    most that is alive at once.
     """
     grads = dict(grads or {})
     B, T, Hk, K = q.shape
@@ -313,41 +344,46 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: in
     nodes, residuals = tree
     d_nodes = torch.empty(B, H, N, BK, BV, device=q.device, dtype=acc if config.exact_node_grads else state_dtype(q.dtype, config.precision))
     split_dots = q.dtype in (torch.float16, torch.bfloat16) and d_nodes.dtype == torch.float32
-    d_upper = torch.zeros(B, H, NB if n_levels > M else 1, BK, BV, device=q.device, dtype=acc)
+    d_upper = upper_node_grads(d_nodes, M, n_levels, acc)
     sqh = 0 if shared else q.stride(2)
     node_grad_kernel[(H, NB, B)](
-        q, do, level_scales, gc, gend, d_nodes, d_upper, T, N, NB if n_levels > M else 1, H, K, V, L,
-        n_levels, min(M, n_levels),
+        q, do, level_scales, gc, gend, d_nodes, d_upper, T, N, H, K, V, L, n_levels, min(M, n_levels),
+        d_upper.stride(1), d_upper.stride(2),
         q.stride(0), q.stride(1), sqh, do.stride(0), do.stride(1), do.stride(2),
         level_scales.stride(0), level_scales.stride(1), level_scales.stride(2),
         C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=BK, BV=BV, M=M, IP=dot_precision(q.dtype, config.precision),
         SPLIT_DOTS=split_dots, num_warps=config.tree_warps,
     )
+    common = dict(C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=BK, BV=BV, HG=HG, SHARED=shared,
+                  IP=dot_precision(q.dtype, config.precision), num_warps=config.num_warps)
+    input_strides = (q.stride(0), q.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2),
+                     level_scales.stride(0), level_scales.stride(1), level_scales.stride(2),
+                     do.stride(0), do.stride(1), do.stride(2))
     if shared:
-        dq = torch.empty(B, T, H // HG, K, device=q.device, dtype=partial_dtype(q.dtype))
-        dk = torch.empty_like(dq)
+        dk = torch.empty(B, T, H // HG, K, device=q.device, dtype=partial_dtype(q.dtype))
     else:
-        dq = grads.get("dq", torch.empty(B, T, H, K, device=q.device, dtype=q.dtype))
-        dk = grads.get("dk", torch.empty(B, T, H, K, device=q.device, dtype=q.dtype))
-    dv = grads.get("dv", torch.empty(B, T, H, V, device=q.device, dtype=v.dtype))
-    dlam = grads.get("dlam", torch.zeros(B, T, H, L, device=q.device, dtype=level_scales.dtype))
-    qdq = torch.empty(B, H, N * chunk_size, device=q.device, dtype=acc)
-    kdk = torch.empty_like(qdq)
-    common = dict(C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=BK, BV=BV, BL=level_block(T, chunk_size),
-                  HG=HG, SHARED=shared, IP=dot_precision(q.dtype, config.precision), num_warps=config.num_warps)
-    strides = (q.stride(0), q.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2),
-               level_scales.stride(0), level_scales.stride(1), level_scales.stride(2),
-               do.stride(0), do.stride(1), do.stride(2), dq.stride(0), dq.stride(1), dq.stride(2))
-    dq_kernel[(H // HG, N, B)](
-        q, k, v, level_scales, gc, gend, nodes, do, dq, dlam, qdq, T, N, H, K, V, L, n_levels,
-        *strides, dlam.stride(0), dlam.stride(1), dlam.stride(2), **common,
-    )
+        dk = grads["dk"] if "dk" in grads else torch.empty(B, T, H, K, device=q.device, dtype=q.dtype)
+    dv = grads["dv"] if "dv" in grads else torch.empty(B, T, H, V, device=q.device, dtype=v.dtype)
+    kdk = torch.empty(B, H, N * chunk_size, device=q.device, dtype=acc)
     dkdv_kernel[(H // HG, N, B)](
         q, k, v, level_scales, gc, gend, d_nodes, d_upper, residuals if residuals.numel() else nodes, do, dk, dv, kdk,
-        T, N, d_upper.shape[2], H, K, V, L,
-        n_levels, *strides[:12], dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        T, N, H, K, V, L, n_levels, d_upper.stride(1), d_upper.stride(2),
+        *input_strides, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         M=M, SPLIT=split_leaf(q.dtype, config.precision), SPLIT_DOTS=split_dots, RESIDUAL=residuals.numel() > 0, **common,
     )
+    del d_nodes, d_upper  # dq reads the forward's nodes, not their gradients
     if shared:
-        dq, dk = (x.sum(2, keepdim=True).to(q.dtype) for x in (dq, dk))
+        dk = dk.sum(2, keepdim=True).to(q.dtype)
+        dq = torch.empty(B, T, H // HG, K, device=q.device, dtype=partial_dtype(q.dtype))
+    else:
+        dq = grads["dq"] if "dq" in grads else torch.empty(B, T, H, K, device=q.device, dtype=q.dtype)
+    dlam = grads["dlam"] if "dlam" in grads else torch.zeros(B, T, H, L, device=q.device, dtype=level_scales.dtype)
+    qdq = torch.empty_like(kdk)
+    dq_kernel[(H // HG, N, B)](
+        q, k, v, level_scales, gc, gend, nodes, do, dq, dlam, qdq, T, N, H, K, V, L, n_levels,
+        *input_strides, dq.stride(0), dq.stride(1), dq.stride(2), dlam.stride(0), dlam.stride(1), dlam.stride(2),
+        **common,
+    )
+    if shared:
+        dq = dq.sum(2, keepdim=True).to(q.dtype)
     return dq, dk, dv, dlam, qdq - kdk

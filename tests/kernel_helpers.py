@@ -98,3 +98,47 @@ def zero_fill_sizes(run) -> list[int]:
     with ZeroFills():
         run()
     return sizes
+
+
+def peak_new_bytes(run) -> int:
+    """The most bytes of storage that ops under ``run()`` create and hold alive at once, as dispatched by PyTorch.
+
+    A storage counts from the op that creates it until the last tensor (or view) of it dispatched under ``run()``
+    is freed; results that alias an op's input (views, in-place ops) add nothing new. What ``run()`` returns is
+    dropped at its end, so it counts until then."""
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    live = {}  # storage address -> [tensors alive, bytes]
+    total = {"now": 0, "peak": 0}
+
+    def release(address):
+        entry = live[address]
+        entry[0] -= 1
+        if entry[0] == 0:
+            total["now"] -= entry[1]
+            del live[address]
+
+    class Storages(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if not isinstance(t, torch.Tensor):
+                    continue
+                storage = t.untyped_storage()
+                address = storage.data_ptr()
+                if address not in live:
+                    if address in inputs:
+                        continue
+                    live[address] = [0, storage.nbytes()]
+                    total["now"] += storage.nbytes()
+                    total["peak"] = max(total["peak"], total["now"])
+                live[address][0] += 1
+                weakref.finalize(t, release, address)
+            return out
+
+    with Storages():
+        run()
+    return total["peak"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import loglin_edu as le
-from kernel_helpers import DEVICE, grads_of, guard_intact, padded_copy, padded_view, zero_fill_sizes
+from kernel_helpers import DEVICE, grads_of, guard_intact, padded_copy, padded_view, peak_new_bytes, zero_fill_sizes
 from operators import assert_close
 
 kernels = pytest.importorskip("loglin_edu.kernels.step5_loglinear_mamba2")
@@ -47,6 +47,7 @@ def check_against_float64(fn, reference, args, rtol, what):
     names = ["dq", "dk", "dv", "dlevel_scales", "dlog_decay"] if len(grads) == 5 else ["dq", "dk", "dv", "dlog_decay"]
     for name, g, r in zip(names, grads, ref_grads):
         assert_close(g.double(), r, rtol=rtol, atol=1e-6, what=f"{what}: {name}")
+    return grads
 
 
 # --- step 1: chunked Mamba-2 -----------------------------------------------------------------------
@@ -115,6 +116,24 @@ def test_forward_and_every_gradient_match_float64(B, T, H, Hk, K, V, C, config):
     )
 
 
+@pytest.mark.parametrize("extra_columns", [0, 27], ids=["L10-exactly-the-levels", "L37-wider-than-needed"])
+def test_level_scales_of_any_width_match_float64(extra_columns):
+    """λ is read and dλ written one column per level. T = 333 in chunks of 16 needs 10 levels (4 inside a
+    chunk plus level 0, 5 chunk levels): not a power of two; 27 more columns make λ wider than any tile
+    of the levels. o and every gradient match float64, and dλ of the columns no pair uses is zero."""
+    B, T, H, C = 1, 333, 1, 16
+    q, k, v, _, g = inputs(B, T, H, 1, 8, 6, seed=11)
+    levels = le.num_levels(T)
+    assert levels == 10
+    lam = (0.5 + torch.rand(B, T, H, levels + extra_columns, generator=torch.Generator().manual_seed(12))).to(q)
+    grads = check_against_float64(
+        lambda *a: kernels.loglinear_mamba2(*a, chunk_size=C, config=LaunchConfig(block_levels=2)),
+        lambda *a: le.loglinear_attention(*a, form="naive"),
+        [q, k, v, lam, g], rtol=2e-6, what=f"T={T}, L={lam.shape[-1]}",
+    )
+    assert not grads[3][..., levels:].any(), "dλ written in a column no pair uses"
+
+
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_16_bit_inputs_match_float64_of_the_same_rounded_inputs(precision):
     """fp16 through the whole autograd Function at every rung of the precision ladder (split leaf, fp32
@@ -155,6 +174,32 @@ def test_backward_fills_no_zero_gradient_for_the_tree():
     states = -(-300 // 16) * 2 * 16 * 16  # one K x V node per chunk and head
     sizes = zero_fill_sizes(lambda: o.sum().backward())
     assert all(n < states for n in sizes), sizes
+
+
+def test_peak_counts_the_storages_alive_at_once():
+    def run():
+        a, b = torch.empty(256), torch.empty(128, dtype=torch.float64)
+        b[:64].zero_()  # a view and an in-place op: nothing new
+        del a
+        torch.empty(200)
+
+    assert peak_new_bytes(run) == 256 * 4 + 128 * 8
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="counts the interpreter's allocations")
+def test_backward_holds_the_node_gradients_next_to_one_head_share_at_most():
+    """The backward's largest moment: the fp32 node gradients (those above the blocks in their own block-root
+    slots, no second buffer), dk's per-head shares, dv and k·dk. dq's shares and dλ come after the node gradients
+    are freed."""
+    B, T, H, K, V, C = 1, 128, 2, 16, 32, 16
+    config = LaunchConfig(block_levels=2)  # 8 chunks: 3 levels, one above the blocks of 4
+    q, k, v, lam, g = (x.float() for x in inputs(B, T, H, 1, K, V))
+    gc, gend = chunk_decay(g, B, T, H, C, q.device)
+    _, tree = loglinear_forward(q, k, v, lam, gc, gend, C, config)
+    do = torch.randn(B, T, H, V, generator=torch.Generator().manual_seed(3))
+    node_grads, dk_shares, dv, k_dk = (4 * n for n in (B * H * (T // C) * K * V, B * T * H * K, B * T * H * V, B * H * T))
+    peak = peak_new_bytes(lambda: loglinear_backward(q, k, v, lam, gc, gend, tree, do, C, config))
+    assert peak == node_grads + dk_shares + dv + k_dk
 
 
 def test_unknown_precision_is_refused():
