@@ -3,7 +3,8 @@
 Naming follows the kernels: a ``[C, BD]`` *tile* holds ``C`` tokens (rows) and ``BD`` columns of one head;
 pointers are already offset to that head; ``t`` are the token indices of the tile's rows. Loads outside
 ``t < T`` or ``col < width`` read zero and stores there are dropped, so no kernel reads or writes past an
-input, whatever ``T`` and the head widths are.
+input, whatever ``T`` and the head widths are. A *level column* is the ``[C]`` column ``λ[t, level]`` of
+``level_scales`` (``[B, T, H, L]``), masked the same way by ``t < T`` and ``level < L``.
 """
 
 from __future__ import annotations
@@ -92,6 +93,41 @@ def level_sums(d, levels, C_LOG: tl.constexpr, BL: tl.constexpr):
 def load_level_scales(lam_ptr, stride_t, t, T, L, BL: tl.constexpr, dtype):
     """The chunk's ``[C, BL]`` tile of ``level_scales`` as ``dtype``, zero beyond ``T`` and ``L``."""
     return load_tile(lam_ptr, stride_t, t, T, tl.arange(0, BL), L).to(dtype)
+
+
+@triton.jit
+def load_level_column(lam_ptr, stride_t, t, T, L, level, dtype):
+    """``λ[t, level]`` as ``dtype``: one ``[C]`` column of ``level_scales``, zero where ``t >= T`` or ``level >= L``.
+
+    Unlike a ``[C, BL]`` tile, whose width rounds the level count up to a power of two that grows with ``T``,
+    one column per level compiles to the same code at every ``T``."""
+    mask = (t < T) & (tl.zeros_like(t) + level < L)  # level and L may both be plain integers: a [C] mask either way
+    return tl.load(lam_ptr + t.to(tl.int64) * stride_t + level, mask=mask, other=0.0).to(dtype)
+
+
+@triton.jit
+def store_level_column(dlam_ptr, stride_t, t, T, L, level, x):
+    """Store ``x: [C]`` as ``dλ[t, level]``, only inside ``t < T`` and ``level < L``."""
+    mask = (t < T) & (tl.zeros_like(t) + level < L)
+    tl.store(dlam_ptr + t.to(tl.int64) * stride_t + level, x.to(dlam_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def load_level_scale_matrix(lam_ptr, stride_t, t, T, L, levels, C_LOG: tl.constexpr, dtype):
+    """``Λ[i, j] = λ[t_i, level(i, j)]`` for the intra-chunk levels ``0..C_LOG``, from one column load per
+    level: ``[C, C]`` in ``dtype`` (not yet causal). levels: ``[C, C]`` from :func:`fenwick_levels`."""
+    out = tl.zeros(levels.shape, dtype=dtype)
+    for level in tl.static_range(C_LOG + 1):
+        out = tl.where(levels == level, load_level_column(lam_ptr, stride_t, t, T, L, level, dtype)[:, None], out)
+    return out
+
+
+@triton.jit
+def store_level_sums(dlam_ptr, stride_t, t, T, L, d, levels, C_LOG: tl.constexpr):
+    """The backward of :func:`load_level_scale_matrix`: ``dλ[t_i, l] = Σ_{j: level(i, j) = l} d[i, j]`` for
+    ``l <= C_LOG``, stored one ``[C]`` column per level. d: ``[C, C]``."""
+    for level in tl.static_range(C_LOG + 1):
+        store_level_column(dlam_ptr, stride_t, t, T, L, level, tl.sum(tl.where(levels == level, d, 0.0), 1))
 
 
 @triton.jit
