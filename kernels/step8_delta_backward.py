@@ -300,9 +300,9 @@ def level_read_grad_kernel(
         dquery = Σ_ℓ diag(λ_ℓ) dO X_ℓᵀ,    dλ[:, c0 + ℓ] = rowsum(dO ⊙ query X_ℓ)
 
     lam: [B, T, H, L]; do: [B, T, H, V]; x as :func:`level_write_grad_kernel`'s; writes dquery
-    ``[B, H, N·C, BK1 + BK2]`` (fp32) and the columns of dlam (``[B, T, H, L]``, zeroed) of the levels read.
-    λ is read and dλ written one ``[C]`` column per level; dread (``[B, H, NX, VP / BV, C]``, fp32) holds each
-    read's share of dλ per value tile, summed in tile order once every tile is done."""
+    ``[B, H, N·C, BK1 + BK2]`` (fp32) and the columns of dlam (``[B, T, H, L]``, zeroed) of the levels
+    read. λ is read and dλ written one ``[C]`` column per level; dread (``[B, H, NX, VP / BV, C]``, fp32)
+    holds each read's share of dλ per value tile, summed in tile order once every tile is done."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     KP = BK1 + BK2
