@@ -25,6 +25,9 @@ and :func:`delta_output_kernel` adds them up, grid ``(N, V / BV, B·H)``:
 
     o = (P ⊙ Λ) V  +  Σ_{ℓ: bit ℓ-1 of c}  diag(λ[:, c0 + ℓ]) query X_{c,ℓ}           (c0 = log2 C)
 
+λ is loaded one ``[C]`` column per level it uses (:func:`~.tiles.load_level_column`), so no tile's width
+grows with ``T``.
+
 Memory: the stored states are ``Σ_c popcount(c) ≈ N log2(N) / 2`` blocks of ``K × V`` per head (fp32),
 kept for the backward.
 """
@@ -38,9 +41,9 @@ import triton
 import triton.language as tl
 
 from ..fenwick import num_chunk_levels
-from .config import DeltaLaunchConfig, dot_precision, key_tiles, level_block
+from .config import DeltaLaunchConfig, dot_precision, key_tiles
 from .step6_delta_chunks import DeltaChunks, delta_chunks, load_rows, value_tiles
-from .tiles import fenwick_levels, level_column, level_scale_matrix, load_level_scales, load_tile, store_tile
+from .tiles import fenwick_levels, load_level_column, load_level_scale_matrix, load_tile, store_tile
 
 
 @triton.jit
@@ -140,17 +143,18 @@ def delta_output_kernel(
     T, N, H, V, L, n_levels, NX,
     svb, svt, svh, slb, slt, slh, sob, sot, soh,
     C: tl.constexpr, C_LOG: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr,
-    NV: tl.constexpr, BL: tl.constexpr, IP: tl.constexpr,
+    NV: tl.constexpr, IP: tl.constexpr,
 ):
-    """Grid ``(N, B·H)``: o of chunk ``i_c`` (module docstring), value tile by value tile."""
+    """Grid ``(N, B·H)``: o of chunk ``i_c`` (module docstring), value tile by value tile. lam: ``[B, T, H, L]``
+    (strides ``sl*``), read one level column at a time."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     rc, r1 = tl.arange(0, C), tl.arange(0, BK1)
     t = i_c * C + rc
     rows = i_bh.to(tl.int64) * N * C + t
     intra = tl.load(p_ptr + (i_bh.to(tl.int64) * N + i_c) * C * C + rc[:, None] * C + rc[None, :])
-    lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + i_h * slh, slt, t, T, L, BL, intra.dtype)
-    weights = intra * level_scale_matrix(lam, fenwick_levels(C, C_LOG), C_LOG, BL)
+    lam_ptr += i_b.to(tl.int64) * slb + i_h * slh
+    weights = intra * load_level_scale_matrix(lam_ptr, slt, t, T, L, fenwick_levels(C, C_LOG), C_LOG, intra.dtype)
     query1 = load_rows(query_ptr, BK1 + BK2, rows, r1)
     if BK2 > 0:
         r2 = BK1 + tl.arange(0, BK2)
@@ -169,7 +173,7 @@ def delta_output_kernel(
                 read = tl.dot(query1, tl.load(states + r1[:, None] * NV * BV), input_precision=IP)
                 if BK2 > 0:
                     read += tl.dot(query2, tl.load(states + r2[:, None] * NV * BV), input_precision=IP)
-                out += level_column(lam, C_LOG + level, BL)[:, None] * read
+                out += load_level_column(lam_ptr, slt, t, T, L, C_LOG + level, intra.dtype)[:, None] * read
                 slot += 1
         store_tile(o_ptr, sot, t, T, rv, V, out)
 
@@ -235,7 +239,7 @@ def loglinear_delta_forward(q, k, v, level_scales, beta, log_decay, chunk_size: 
         T, N, H, V, L, num_chunk_levels(T, chunk_size), states.shape[2],
         v.stride(0), v.stride(1), v.stride(2), level_scales.stride(0), level_scales.stride(1), level_scales.stride(2),
         o.stride(0), o.stride(1), o.stride(2),
-        C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK1=BK1, BK2=BK2, BV=BV, NV=NV, BL=level_block(T, chunk_size),
+        C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK1=BK1, BK2=BK2, BV=BV, NV=NV,
         IP=dot_precision(q.dtype, config.precision), num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return o, chunks, states

@@ -16,7 +16,9 @@ the right half, where they are read: ``X_{c,ℓ} = S``, ``o += diag(λ_ℓ) quer
        dW -= (K̃ D) Sᵀ,    dK̃ += (u - W S) Dᵀ,    dU₀ += K̃ D  (left halves),    dγ_C += <D, S>
        dquery += diag(λ_ℓ) dO Xᵀ,    dλ[:, c0 + ℓ] = rowsum(dO ⊙ query X)           (set bits)
 
-   summed over the levels and value tiles in registers. One launch per kind of output, each program holding
+   summed over the levels and value tiles in registers, except dλ: each read's column is stored per value tile
+   and summed once the tiles are done, so that λ and dλ go one ``[C]`` column per level (no tile of all the
+   levels, whose width would grow with ``T``). One launch per kind of output, each program holding
    one ``[C, K]`` accumulator over all of K: :func:`level_write_grad_kernel` (dW, dU₀),
    :func:`level_transition_grad_kernel` (dK̃, dγ_C), :func:`level_read_grad_kernel` (dquery, dλ). Each product
    is computed once, and no program holds the live tiles of all three (a single kernel for every output spills
@@ -38,7 +40,8 @@ the right half, where they are read: ``X_{c,ℓ} = S``, ``o += diag(λ_ℓ) quer
    each chunk: no error carried across the sequence.
 
 Memory: the adjoints are ``N · n`` blocks of ``K × V`` per head (fp32), alive during the backward only; the WY
-backward hands two ``C × C`` pairs per chunk from launch to launch.
+backward hands two ``C × C`` pairs per chunk from launch to launch; the shares of dλ are one ``[C]`` column per
+read and value tile.
 Work: the reverse walks cost what the forward walks cost; the level gradients four ``[C, K] × [K, V]``-sized
 products per chunk and level and two more per read.
 """
@@ -50,13 +53,12 @@ import triton
 import triton.language as tl
 
 from ..fenwick import num_chunk_levels
-from .config import (DeltaLaunchConfig, accumulator_dtype, chunk_precision, dot_precision, key_tiles, level_block,
-                     solve_precision)
+from .config import DeltaLaunchConfig, accumulator_dtype, chunk_precision, dot_precision, key_tiles, solve_precision
 from .inputs import reverse_cumsum
 from .step6_delta_chunks import DeltaChunks, load_rows, store_rows, value_tiles
 from .step7_delta_levels import first_slots, load_transition, walk_table
-from .tiles import (decay_matrix, fenwick_levels, level_column, level_scale_matrix, level_sums, load_level_scales,
-                    load_tile, store_tile)
+from .tiles import (decay_matrix, fenwick_levels, load_level_column, load_level_scale_matrix, load_tile,
+                    store_level_column, store_level_sums, store_tile)
 
 SOLVE_KEY_TILE = 32  # key columns the WY backward's pass over the keys holds at once (wider tiles spill registers)
 QK_KEY_TILE = 64  # key columns of one program of dq, dk (the rows of a Hopper product of the chunk's C × C blocks)
@@ -287,10 +289,10 @@ def level_transition_grad_kernel(
 
 @triton.jit
 def level_read_grad_kernel(
-    query_ptr, lam_ptr, do_ptr, x_ptr, first_ptr, dquery_ptr, dlam_ptr, T, N, H, V, L, n_levels, NX,
+    query_ptr, lam_ptr, do_ptr, x_ptr, first_ptr, dquery_ptr, dread_ptr, dlam_ptr, T, N, H, V, L, n_levels, NX,
     slb, slt, slh, sdob, sdot, sdoh, sdlb, sdlt, sdlh,
     C: tl.constexpr, C_LOG: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr,
-    VP: tl.constexpr, BL: tl.constexpr, IP: tl.constexpr,
+    VP: tl.constexpr, IP: tl.constexpr,
 ):
     """Grid ``(N, B·H)``. The gradients of chunk ``i_c``'s reads ``o += diag(λ_ℓ) query X_ℓ`` (bit ``ℓ - 1`` of
     ``i_c`` set):
@@ -298,32 +300,34 @@ def level_read_grad_kernel(
         dquery = Σ_ℓ diag(λ_ℓ) dO X_ℓᵀ,    dλ[:, c0 + ℓ] = rowsum(dO ⊙ query X_ℓ)
 
     lam: [B, T, H, L]; do: [B, T, H, V]; x as :func:`level_write_grad_kernel`'s; writes dquery
-    ``[B, H, N·C, BK1 + BK2]`` (fp32) and dlam's chunk-level columns (``[B, T, H, L]``)."""
+    ``[B, H, N·C, BK1 + BK2]`` (fp32) and the columns of dlam (``[B, T, H, L]``, zeroed) of the levels
+    read. λ is read and dλ written one ``[C]`` column per level; dread (``[B, H, NX, VP / BV, C]``, fp32)
+    holds each read's share of dλ per value tile, summed in tile order once every tile is done."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     KP = BK1 + BK2
+    NV = VP // BV
     row0, x_ptr, first = chunk_rows(x_ptr, first_ptr, i_c, i_bh, N, NX, C, KP, VP)
     lam_ptr += i_b.to(tl.int64) * slb + i_h * slh
     do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh
     dlam_ptr += i_b.to(tl.int64) * sdlb + i_h * sdlh
-    rc, r1, cols = tl.arange(0, C), tl.arange(0, BK1), tl.arange(0, BL)
+    dread_ptr += i_bh.to(tl.int64) * NX * NV * C
+    rc, r1 = tl.arange(0, C), tl.arange(0, BK1)
     t = i_c * C + rc
     query1 = load_rows(query_ptr + row0 * KP, KP, rc, r1)
-    lam = load_level_scales(lam_ptr, slt, t, T, L, BL, query1.dtype)
     d_query1 = tl.zeros((C, BK1), dtype=query1.dtype)
     if BK2 > 0:
         r2 = BK1 + tl.arange(0, BK2)
         query2 = load_rows(query_ptr + row0 * KP, KP, rc, r2)
         d_query2 = tl.zeros((C, BK2), dtype=query1.dtype)
-    dlam = tl.zeros((C, BL), dtype=query1.dtype)
-    for i_v in range(VP // BV):
+    for i_v in range(NV):
         rv = i_v * BV + tl.arange(0, BV)
         do = load_tile(do_ptr, sdot, t, T, rv, V).to(query1.dtype)
         slot = first
         for level in range(1, n_levels + 1):
             if ((i_c >> (level - 1)) & 1) == 1:
                 states = x_ptr + slot.to(tl.int64) * KP * VP
-                lam_level = level_column(lam, C_LOG + level, BL)[:, None]
+                lam_level = load_level_column(lam_ptr, slt, t, T, L, C_LOG + level, query1.dtype)[:, None]
                 x1 = tl.load(states + r1[:, None] * VP + rv[None, :])
                 x_read = tl.dot(query1, x1, input_precision=IP)
                 d_query1 += lam_level * tl.dot(do, tl.trans(x1), input_precision=IP)
@@ -331,13 +335,21 @@ def level_read_grad_kernel(
                     x2 = tl.load(states + r2[:, None] * VP + rv[None, :])
                     x_read += tl.dot(query2, x2, input_precision=IP)
                     d_query2 += lam_level * tl.dot(do, tl.trans(x2), input_precision=IP)
-                dlam = tl.where(cols[None, :] == C_LOG + level, dlam + tl.sum(do * x_read, 1)[:, None], dlam)
+                tl.store(dread_ptr + (slot.to(tl.int64) * NV + i_v) * C + rc, tl.sum(do * x_read, 1))
                 slot += 1
     store_rows(dquery_ptr + row0 * KP, KP, rc, r1, d_query1)
     if BK2 > 0:
         store_rows(dquery_ptr + row0 * KP, KP, rc, r2, d_query2)
-    mask = (t[:, None] < T) & (cols[None, :] > C_LOG) & (cols[None, :] < L)
-    tl.store(dlam_ptr + t[:, None].to(tl.int64) * sdlt + cols[None, :], dlam.to(dlam_ptr.dtype.element_ty), mask=mask)
+    tl.debug_barrier()  # every value tile's share is stored before any thread sums them
+    slot = first
+    for level in range(1, n_levels + 1):
+        if ((i_c >> (level - 1)) & 1) == 1:
+            shares = dread_ptr + slot.to(tl.int64) * NV * C + rc
+            d_level = tl.load(shares)
+            for i_v in range(1, NV):
+                d_level += tl.load(shares + i_v * C)
+            store_level_column(dlam_ptr, sdlt, t, T, L, C_LOG + level, d_level)
+            slot += 1
 
 
 @triton.jit
@@ -345,7 +357,7 @@ def delta_chunk_values_bwd_kernel(
     v_ptr, lam_ptr, do_ptr, beta_ptr, tb_ptr, p_ptr, du_ptr, dv_ptr, dlam_ptr, dsq_ptr, dbeta_ptr,
     T, N, H, V, L,
     svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdvb, sdvt, sdvh, sdlb, sdlt, sdlh,
-    C: tl.constexpr, C_LOG: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, BL: tl.constexpr, IP: tl.constexpr,
+    C: tl.constexpr, C_LOG: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, IP: tl.constexpr,
 ):
     """Grid ``(N, H, B)``. The values' share of the WY backward, tile by tile of ``BV`` value columns: through the
     intra-chunk product ``(P ⊙ Λ) V`` and ``U₀ = T_β diag(β) V``,
@@ -367,9 +379,10 @@ def delta_chunk_values_bwd_kernel(
     within = rc[:, None] * C + rc[None, :]  # offsets inside a C × C block
     beta = tl.load(beta_ptr + chunk * C + rc)
     t_beta = tl.load(tb_ptr + chunk * C * C + within)
-    lam = load_level_scales(lam_ptr + i_b.to(tl.int64) * slb + i_h * slh, slt, t, T, L, BL, beta.dtype)
+    lam_ptr += i_b.to(tl.int64) * slb + i_h * slh
     levels = fenwick_levels(C, C_LOG)
-    weights = tl.load(p_ptr + chunk * C * C + within) * level_scale_matrix(lam, levels, C_LOG, BL)
+    weights = tl.load(p_ptr + chunk * C * C + within) * load_level_scale_matrix(lam_ptr, slt, t, T, L, levels, C_LOG,
+                                                                                beta.dtype)
     d_pairs = tl.zeros((C, C), dtype=beta.dtype)  # dO Vᵀ
     d_t = tl.zeros((C, C), dtype=beta.dtype)
     d_beta = tl.zeros((C,), dtype=beta.dtype)
@@ -384,13 +397,11 @@ def delta_chunk_values_bwd_kernel(
         d_beta += tl.sum(v * d_vb, 1)
         dv = tl.dot(tl.trans(weights), do, input_precision=IP) + beta[:, None] * d_vb
         store_tile(dv_ptr, sdvt, rc, T - i_c * C, rv, V, dv)
-    dlam = level_sums(d_pairs * tl.load(p_ptr + chunk * C * C + within), levels, C_LOG, BL)
-    cols = tl.arange(0, BL)
     dlam_ptr += i_b.to(tl.int64) * sdlb + i_h * sdlh
-    tl.store(dlam_ptr + t[:, None].to(tl.int64) * sdlt + cols[None, :], dlam.to(dlam_ptr.dtype.element_ty),
-             mask=(t[:, None] < T) & (cols[None, :] <= C_LOG) & (cols[None, :] < L))
+    store_level_sums(dlam_ptr, sdlt, t, T, L, d_pairs * tl.load(p_ptr + chunk * C * C + within), levels, C_LOG)
     causal = rc[:, None] >= rc[None, :]
-    d_intra = tl.where(causal, d_pairs * level_scale_matrix(lam, levels, C_LOG, BL), 0.0)
+    d_intra = tl.where(causal, d_pairs * load_level_scale_matrix(lam_ptr, slt, t, T, L, levels, C_LOG, beta.dtype),
+                       0.0)
     tl.store(dsq_ptr + chunk * 2 * C * C + within, d_t)
     tl.store(dsq_ptr + chunk * 2 * C * C + C * C + within, d_intra)
     tl.store(dbeta_ptr + chunk * C + rc, d_beta)
@@ -620,15 +631,17 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
     dlam = grads.get("dlam", torch.zeros(B, T, H, L, device=q.device, dtype=level_scales.dtype))
     dlam_strides = (dlam.stride(0), dlam.stride(1), dlam.stride(2))
     first = first_slots(N, q.device)
-    NX, BL = states.shape[2], level_block(T, chunk_size)
+    NX = states.shape[2]
     grid, tiles = (N, B * H), dict(C=chunk_size, BK1=BK1, BK2=BK2, BV=BVG, VP=VP, IP=IP, num_warps=config.grad_warps,
                                    num_stages=config.num_stages)
     level_write_grad_kernel[grid](k, chunks.gc, states, first, adjoints, d_w, d_u, T, N, H, K, n_levels, NX,
                                   k.stride(0), k.stride(1), sqh, **tiles)
     level_transition_grad_kernel[grid](chunks.w, chunks.u, states, first, adjoints, d_kt, d_gamma, N, n_levels, NX,
                                        **tiles)
-    level_read_grad_kernel[grid](chunks.query, level_scales, do, states, first, d_query, dlam, T, N, H, V, L, n_levels,
-                                 NX, *lam_strides, *do_strides, *dlam_strides, C_LOG=C_LOG, BL=BL, **tiles)
+    d_reads = new(B, H, NX, VP // BVG, chunk_size)
+    level_read_grad_kernel[grid](chunks.query, level_scales, do, states, first, d_query, d_reads, dlam, T, N, H, V, L,
+                                 n_levels, NX, *lam_strides, *do_strides, *dlam_strides, C_LOG=C_LOG, **tiles)
+    del d_reads
     del adjoints
     dq, dk = torch.empty(B, T, H, K, device=q.device, dtype=acc), torch.empty(B, T, H, K, device=q.device, dtype=acc)
     dv = grads.get("dv", torch.empty(B, T, H, V, device=q.device, dtype=v.dtype))
@@ -639,7 +652,7 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
     delta_chunk_values_bwd_kernel[(N, H, B)](
         v, level_scales, do, chunks.beta, chunks.t_beta, chunks.intra, d_u, dv, dlam, d_squares, d_beta, T, N, H, V, L,
         v.stride(0), v.stride(1), v.stride(2), *lam_strides, *do_strides, dv.stride(0), dv.stride(1), dv.stride(2),
-        *dlam_strides, C=chunk_size, C_LOG=C_LOG, BV=BVA, NV=VP // BVA, BL=BL, IP=IPC,
+        *dlam_strides, C=chunk_size, C_LOG=C_LOG, BV=BVA, NV=VP // BVA, IP=IPC,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     del d_u

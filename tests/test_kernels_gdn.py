@@ -52,6 +52,7 @@ def check_against_float64(fn, reference, args, rtol, what, dtype=torch.float32):
     names = NAMES if len(args) == 6 else NAMES[:4] + NAMES[5:]  # without log_decay: (q, k, v, λ, β)
     for name, g, r in zip(names, grads, ref_grads):
         assert_close(g.double(), r, rtol=rtol, atol=1e-6, what=f"{what}: {name}")
+    return grads
 
 
 # --- step 6: the WY factors of every chunk --------------------------------------------------------------
@@ -153,6 +154,25 @@ def test_forward_and_every_gradient_match_float64(B, T, H, Hk, K, V, C, config):
         lambda q, k, v, lam, g, beta: le.loglinear_attention(q, k, v, lam, g, beta, form="naive" if T <= 64 else "chunkwise"),
         inputs(B, T, H, Hk, K, V, seed=T + 1), rtol=2e-6, what=f"T={T}",
     )
+
+
+@pytest.mark.parametrize("extra_columns", [0, 27], ids=["L9-exactly-the-levels", "L36-wider-than-needed"])
+def test_level_scales_of_any_width_match_float64(extra_columns):
+    """λ is read and dλ written one column per level. T = 150 in chunks of 16 needs 9 levels (4 inside a
+    chunk plus level 0, 4 chunk levels): not a power of two; 27 more columns make λ wider than any tile of
+    the levels. V = 20 is two value tiles, so each read's dλ is summed over tiles. o and every gradient
+    match float64, and dλ of the columns no pair uses is zero."""
+    B, T, H, C = 1, 150, 1, 16
+    q, k, v, _, g, beta = inputs(B, T, H, 1, 8, 20, seed=13)
+    levels = le.num_levels(T)
+    assert levels == 9
+    lam = (0.5 + torch.rand(B, T, H, levels + extra_columns, generator=torch.Generator().manual_seed(14))).to(q)
+    grads = check_against_float64(
+        lambda *a: kernels.loglinear_gated_deltanet(*a, chunk_size=C, config=SMALL_TILES),
+        lambda *a: le.loglinear_attention(*a, form="chunkwise"),
+        [q, k, v, lam, g, beta], rtol=2e-6, what=f"T={T}, L={lam.shape[-1]}",
+    )
+    assert not grads[3][..., levels:].any(), "dλ written in a column no pair uses"
 
 
 def test_the_public_form_with_two_key_tiles_and_no_decay():
