@@ -291,12 +291,12 @@ def default_schedule(batch: int, heads: int) -> str:
 
 def default_block_v(schedule: str, levels: int, value_dim: int) -> int:
     """The value tile ``BV`` of one program: 32 for the ``"loop"`` schedule; for the ``"unrolled"`` one, which
-    holds ``levels`` tiles at once, 16 up to 13 levels (4K tokens) and 8 beyond — the fastest tiles of the
+    holds ``levels`` tiles at once, 16 up to 15 levels (16K tokens) and 8 beyond — the fastest tiles of the
     measurement in :func:`default_schedule`. At most ``block(value_dim)``."""
     widest = block(value_dim)
     if schedule == "loop":
         return min(32, widest)
-    return min(16 if levels <= 13 else 8, widest)
+    return min(16 if levels <= 15 else 8, widest)
 
 
 def default_num_warps(schedule: str, levels: int, block_k: int, block_v: int) -> int:
