@@ -216,7 +216,7 @@ def test_default_schedule_and_tile_follow_the_batch_and_the_levels():
     assert decode.default_schedule(1, 48) == "unrolled" and decode.default_schedule(2, 48) == "loop"
     assert decode.default_schedule(decode.UNROLLED_UP_TO, 1) == "unrolled"
     assert decode.default_block_v("loop", 21, 64) == 32 and decode.default_block_v("loop", 21, 8) == 16
-    assert decode.default_block_v("unrolled", 13, 64) == 16 and decode.default_block_v("unrolled", 14, 64) == 8
+    assert decode.default_block_v("unrolled", 15, 64) == 16 and decode.default_block_v("unrolled", 16, 64) == 8
 
 
 @pytest.mark.parametrize("batch, heads", [(1, 2), (33, 2)])
