@@ -21,7 +21,7 @@ import torch
 
 from . import interpreted
 from .config import MAX_BLOCK, LaunchConfig
-from .inputs import chunk_decay, fold_into_batch, kernel_layout, last_dim_contiguous, reverse_cumsum
+from .inputs import chunk_decay, fold_into_batch, kernel_layout, last_dim_contiguous
 from .step3_chunk_tree import FenwickTree, loglinear_forward
 from .step4_tree_backward import loglinear_backward
 
@@ -68,13 +68,13 @@ class LogLinearMamba2(torch.autograd.Function):
             return None, None, None, None, None, None, None, None
         q, k, v, level_scales, gc, gend, *tree = ctx.saved_tensors
         q, k, v, level_scales = kernel_layout(q, k, v, level_scales)
-        dq, dk, dv, dlam, d_cum = loglinear_backward(
-            q, k, v, level_scales, gc, gend, FenwickTree(*tree), last_dim_contiguous(do), ctx.chunk_size, ctx.config
+        B, T, H = v.shape[:3]
+        grads = {} if ctx.decay_dtype is None else {"dlog_decay": v.new_empty(B, T, H, dtype=ctx.decay_dtype)}
+        dq, dk, dv, dlam, dg = loglinear_backward(
+            q, k, v, level_scales, gc, gend, FenwickTree(*tree), last_dim_contiguous(do), ctx.chunk_size, ctx.config,
+            grads,
         )
-        dg = None
-        if ctx.decay_dtype is not None:
-            dg = reverse_cumsum(d_cum, -1)[:, :, : q.shape[1]].transpose(1, 2).to(ctx.decay_dtype)
-        return dq, dk, dv, dlam, dg, None, None, None
+        return dq, dk, dv, dlam, None if ctx.decay_dtype is None else dg, None, None, None
 
     @staticmethod
     def vmap(info, in_dims, q, k, v, level_scales, log_decay, chunk_size, config, backward=True):
