@@ -123,7 +123,9 @@ class LaunchConfig:
         shared and one group of every head, dq and dk leave the kernels summed;
     grad_sums_in_kernels: with q, k shared, dk's per-group shares are summed inside the dq kernel and dq's in a
         last kernel that also forms ``d log_decay`` (its reverse cumulative sum in two levels: inside each chunk
-        in the dq kernel, over the chunks' totals after it), rather than by PyTorch after the launches.
+        in the dq kernel, over the chunks' totals after it), rather than by PyTorch after the launches;
+    decay_sums_in_kernels: the forward's decay sums ``gc``, ``gend`` by two small kernels
+        (:func:`~.inputs.chunk_decay`) rather than PyTorch's scans and copies.
     """
 
     head_group: int = 1
@@ -140,6 +142,7 @@ class LaunchConfig:
     upper_row_split: int = 1
     grad_head_group: int | None = None
     grad_sums_in_kernels: bool = False
+    decay_sums_in_kernels: bool = False
 
     def __post_init__(self) -> None:
         check_precision(self.precision)

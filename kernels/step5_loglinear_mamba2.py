@@ -48,7 +48,7 @@ class LogLinearMamba2(torch.autograd.Function):
     def forward(q, k, v, level_scales, log_decay, chunk_size, config, backward=True):
         q, k, v, level_scales = kernel_layout(q, k, v, level_scales)
         B, T, H = v.shape[:3]
-        gc, gend = chunk_decay(log_decay, B, T, H, chunk_size, q.device, q.dtype)
+        gc, gend = chunk_decay(log_decay, B, T, H, chunk_size, q.device, q.dtype, config.decay_sums_in_kernels)
         o, tree = loglinear_forward(q, k, v, level_scales, gc, gend, chunk_size, config, residuals=backward)
         return (o, gc, gend, *tree)
 

@@ -291,6 +291,7 @@ GRAD_VARIANTS = {  # fields of LaunchConfig besides block_levels
     "sums-in-kernels-group2": dict(grad_sums_in_kernels=True, grad_head_group=2),
     "one-group": dict(grad_head_group=4),
     "register-tree-one-group-in-kernels": dict(grad_sums_in_kernels=True, grad_head_group=4, tree_registers=True),
+    "decay-sums-in-kernels": dict(decay_sums_in_kernels=True),
 }
 GRAD_SHAPES = {"T40-shared": (1, 40, 4, 1, 8, 5, 16), "T40-heads": (1, 40, 2, 2, 20, 6, 16), "T10": (1, 10, 4, 1, 3, 3, 32)}
 
@@ -307,14 +308,30 @@ def default_grads(shape):
 @pytest.mark.parametrize("shape", GRAD_SHAPES)
 def test_backward_variants_give_the_default_gradients(shape, variant):
     """fp32: dq, dk summed over the head groups inside the kernels (or no groups: one program per chunk for every
-    head) and d log_decay's reverse cumulative sum in two levels (inside each chunk, then over the chunks) give
-    the default's o and gradients, to fp32 round-off (only the order of the head groups' sum differs)."""
+    head), d log_decay's reverse cumulative sum in two levels (inside each chunk, then over the chunks) and the
+    forward's decay sums by kernels give the default's o and gradients, to fp32 round-off (the order of the head
+    groups' sum or of the decay's sums differs)."""
     args, (ref, ref_grads) = default_grads(GRAD_SHAPES[shape])
     config = LaunchConfig(block_levels=1, **GRAD_VARIANTS[variant])
     out, grads = grads_of(lambda *a: kernels.loglinear_mamba2(*a, chunk_size=GRAD_SHAPES[shape][-1], config=config), args)
-    assert torch.equal(out, ref)
+    assert_close(out.double(), ref.double(), rtol=1e-6, what=f"{variant}: o")
     for name, a, b in zip(("dq", "dk", "dv", "dlevel_scales", "dlog_decay"), grads, ref_grads):
         assert_close(a.double(), b.double(), rtol=1e-6, what=f"{variant}: {name}")
+
+
+@pytest.mark.parametrize("T, C", [(50, 16), (10, 32), (64, 16)], ids=["T50-off-the-grid", "T10-below-a-chunk", "T64"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_decay_sums_in_kernels_match_the_host_sums(T, C, dtype):
+    """gc (within-chunk sums) and gend (fp64 sums to each chunk's end) by the two small kernels equal PyTorch's scans
+    to the round-off of another order of addition, padded tokens decaying by nothing; log_decay read through its
+    strides (here a transposed view)."""
+    B, H = 2, 3
+    g = (-0.5 * torch.rand(B, H, T, generator=torch.Generator().manual_seed(T))).to(DEVICE, dtype).transpose(1, 2)
+    host = chunk_decay(g, B, T, H, C, g.device, dtype)
+    kernel = chunk_decay(g, B, T, H, C, g.device, dtype, in_kernels=True)
+    for name, a, b in zip(("gc", "gend"), kernel, host):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert_close(a.double(), b.double(), rtol=1e-6 if dtype == torch.float32 else 1e-14, what=name)
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="counts the interpreter's allocations")
