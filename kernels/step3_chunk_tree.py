@@ -27,14 +27,19 @@ Three launches (shapes per program in brackets):
    subtree). For each chunk: the leaf ``K̃ᵀ V`` (``[C, K]ᵀ [C, V]``), then a binary counter merges it
    with the left siblings it completes (stored a moment earlier by the same program, so read back
    from L2) and stores the result in its Fenwick slot. The block's root goes to a small fp32 buffer.
+   Or :func:`fenwick_block_kernel` (``LaunchConfig.tree_registers``): the same, the block unrolled so that
+   the pending left siblings stay in registers and the next chunk's tiles load during this chunk's work.
+   Either may split the state's key rows over ``tree_key_split`` programs (``[C, K / split]ᵀ [C, V]``).
 2. :func:`fenwick_upper_kernel`, grid ``(H, B)``: the same binary counter over block roots, for the
-   ``log2(N / 2^m)`` levels above the blocks: ``N / 2^m`` steps of a ``[K, V]`` add.
+   ``log2(N / 2^m)`` levels above the blocks: ``N / 2^m`` steps of a ``[K, V]`` add (the rows split over
+   ``upper_row_split`` programs).
 3. :func:`loglinear_fwd_kernel`, grid ``(H / head_group, N, B)``: step 2's product plus one
    ``[C, K] × [K, V]`` product per level read. λ is loaded one ``[C]`` column per level it uses
    (:func:`~.tiles.load_level_column`), so no tile's width grows with ``T``.
 
 Memory traffic: q, k, v read twice (tree and output), o written once, one ``K × V`` node written per
-chunk and read by ``popcount(c)`` chunks (mostly from L2: a node of level ``ℓ`` is read by the
+chunk (with 16-bit nodes, its residual too: the tree kernel writes four bytes per state element, which
+bounds its time more than its products do) and read by ``popcount(c)`` chunks (mostly from L2: a node of level ``ℓ`` is read by the
 ``2^(ℓ-1)`` consecutive chunks that follow it). Work: ``2·T·K·V`` flops for the leaves,
 ``2·C·T·(K + V)`` inside chunks, ``2·T·K·V`` per level read — on average ``log2(N) / 2`` of them.
 """

@@ -22,7 +22,9 @@ The forward of step 3, per chunk ``c`` and chunk level ``ℓ`` (bit ``ℓ - 1`` 
    ``(dO Vᵀ) ⊙ (Q Kᵀ) ⊙ E`` over the keys of each level, and at level ``ℓ`` the row sums of ``Q ⊙ X_ℓ``.
 
 The decay's gradient, as in step 1: ``∂L/∂G_t = q_t · dq_t - k_t · dk_t`` per head, then a reverse
-cumulative sum over the sequence in fp64 on the host. Inside a chunk both dot products are sums of one
+cumulative sum over the sequence in fp64, by PyTorch or (``LaunchConfig.grad_sums_in_kernels``) in two
+levels: :func:`dq_kernel` sums inside its chunk, :func:`chunk_offsets_kernel` over the chunks' totals and
+:func:`decay_grad_kernel` adds the two. Inside a chunk both dot products are sums of one
 ``[C, C]`` matrix ``D = (dO Vᵀ) ⊙ (Q Kᵀ) ⊙ E ⊙ Λ`` — ``q_t · dq_t`` its row sums, ``k_t · dk_t`` its column
 sums — so :func:`dq_kernel` takes ``rowsum(D) - colsum(D)`` in fp32, where the large diagonal terms
 cancel exactly. The levels add ``Σ_ℓ λ_ℓ · dλ_ℓ`` and ``- K̃ · dK̃`` of the leaf.
@@ -49,8 +51,10 @@ shows the measurements). fp32 nodes (fp16 calls, and the ``"fp32"`` rung) are st
 the bound). The node gradients are formed and stored in fp32 (``LaunchConfig.exact_node_grads``, the
 default): in bf16 ``Q̃`` would be rounded before the product.
 
-With q, k shared by all heads, one program handles ``head_group`` heads and sums their dq, dk in
-registers; the host sums over the groups that remain. Work: about twice the forward's.
+With q, k shared by all heads, one program handles ``head_group`` heads (``grad_head_group``) and sums their
+dq, dk in registers; the host sums over the groups that remain, or (``grad_sums_in_kernels``) the dq kernel
+sums dk's group shares and :func:`decay_grad_kernel` dq's, each output row by one program in a fixed order
+(deterministic). Work: about twice the forward's.
 """
 
 from __future__ import annotations
