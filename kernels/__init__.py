@@ -34,8 +34,8 @@ Decoding: :mod:`~loglin_edu.kernels.decode_step` — one token of log-linear Mam
 :class:`~loglin_edu.decoding.FenwickCache` buffer.
 
 Shared by the steps: :mod:`~loglin_edu.kernels.tiles` (the Triton helpers: tiles in and out, the decay and
-level patterns of a chunk), :mod:`~loglin_edu.kernels.inputs` (the decay's prefix sums, prepared on the
-host) and :mod:`~loglin_edu.kernels.config` (tile widths, the precision ladder, :class:`LaunchConfig` and
+level patterns of a chunk), :mod:`~loglin_edu.kernels.inputs` (the decay's prefix sums, prepared before the
+kernels that read them) and :mod:`~loglin_edu.kernels.config` (tile widths, the precision ladder, :class:`LaunchConfig` and
 :class:`DeltaLaunchConfig`).
 """
 

@@ -107,6 +107,25 @@ class LaunchConfig:
     exact_node_grads: form and store the backward's node gradients in fp32 (tf32 products on a GPU)
         rather than the state dtype: d log_decay in bf16 needs it (:mod:`.step4_tree_backward`).
     precision: the rung of :data:`PRECISIONS` for fp16/bf16 calls (all meet the bf16 bound; see there).
+    tree_registers: the forward's tree keeps a block's pending left nodes in registers and loads the next
+        chunk while it merges (:func:`~.step3_chunk_tree.fenwick_block_kernel`), the levels above the blocks
+        merge the fp32 block roots, and the nodes' 16-bit residuals are stored only when a backward will read
+        them; ``False``: every merge reads its left node back from memory (:func:`~.step3_chunk_tree.fenwick_tree_kernel`).
+    tree_prefetch: with ``tree_registers``, load the next chunk's keys and values before this chunk's product
+        (twice the tiles in registers) rather than when the chunk begins;
+    tree_key_split: programs per head and block of the tree kernel, each owning ``K / tree_key_split`` rows of
+        the states (at most what keeps a tile :func:`head_block` wide, :meth:`key_split`);
+    tree_block_levels: ``m`` of the forward's tree alone (``None``: ``block_levels``);
+    tree_max_registers: registers per thread the tree kernel may use (Triton's ``maxnreg``; ``None``: the
+        compiler's choice): fewer let more programs share a multiprocessor, at the risk of spilling;
+    upper_row_split: programs per head of the kernel above the blocks, each owning that share of a state's rows;
+    grad_head_group: ``head_group`` of the backward's per-chunk kernels (``None``: ``head_group``); with q, k
+        shared and one group of every head, dq and dk leave the kernels summed;
+    grad_sums_in_kernels: with q, k shared, dk's per-group shares are summed inside the dq kernel and dq's in a
+        last kernel that also forms ``d log_decay`` (its reverse cumulative sum in two levels: inside each chunk
+        in the dq kernel, over the chunks' totals after it), rather than by PyTorch after the launches;
+    decay_sums_in_kernels: the forward's decay sums ``gc``, ``gend`` by two small kernels
+        (:func:`~.inputs.chunk_decay`) rather than PyTorch's scans and copies.
     """
 
     head_group: int = 1
@@ -115,13 +134,59 @@ class LaunchConfig:
     tree_warps: int = 4
     exact_node_grads: bool = True
     precision: str = "fast"
+    tree_registers: bool = False
+    tree_prefetch: bool = True
+    tree_key_split: int = 1
+    tree_block_levels: int | None = None
+    tree_max_registers: int | None = None
+    upper_row_split: int = 1
+    grad_head_group: int | None = None
+    grad_sums_in_kernels: bool = False
+    decay_sums_in_kernels: bool = False
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
+        for name in ("tree_key_split", "upper_row_split"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two >= 1, got {value!r}")
+        if self.tree_registers and self.tree_levels() > MAX_REGISTER_LEVELS:
+            raise ValueError(f"tree_registers holds at most {MAX_REGISTER_LEVELS} levels of a block in registers, "
+                             f"got tree levels {self.tree_levels()}")
 
     def group(self, heads: int) -> int:
         """The largest divisor of ``heads`` not above ``head_group``."""
-        return max(d for d in range(1, min(self.head_group, heads) + 1) if heads % d == 0)
+        return largest_divisor(heads, self.head_group)
+
+    def grad_group(self, heads: int) -> int:
+        """The largest divisor of ``heads`` not above ``grad_head_group`` (``head_group`` when it is ``None``)."""
+        return largest_divisor(heads, self.head_group if self.grad_head_group is None else self.grad_head_group)
+
+    def tree_levels(self) -> int:
+        """``m`` of the forward's tree: ``tree_block_levels``, or ``block_levels`` when it is ``None``."""
+        return self.block_levels if self.tree_block_levels is None else self.tree_block_levels
+
+    def key_split(self, key_block: int) -> int:
+        """Programs per head and block of the tree kernel: the largest power of two up to ``tree_key_split`` that
+        leaves each program a tile of ``key_block / split`` rows no narrower than :func:`head_block` allows."""
+        split = self.tree_key_split
+        while split > 1 and key_block // split < head_block(1):
+            split //= 2
+        return split
+
+    def row_split(self, key_block: int) -> int:
+        """Programs per head of the kernel above the blocks: ``upper_row_split``, at most ``key_block``."""
+        return min(self.upper_row_split, key_block)
+
+
+MAX_REGISTER_LEVELS = 6
+"""The deepest block whose pending left nodes :func:`~.step3_chunk_tree.fenwick_block_kernel` holds in registers
+(one ``[K, V]`` fp32 state per level; the kernel names them one by one)."""
+
+
+def largest_divisor(n: int, at_most: int) -> int:
+    """The largest divisor of ``n`` not above ``at_most`` (at least 1)."""
+    return max(d for d in range(1, min(at_most, n) + 1) if n % d == 0)
 
 
 DELTA_PRECISIONS = ("fast", "exact")

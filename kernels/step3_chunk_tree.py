@@ -27,14 +27,19 @@ Three launches (shapes per program in brackets):
    subtree). For each chunk: the leaf ``K̃ᵀ V`` (``[C, K]ᵀ [C, V]``), then a binary counter merges it
    with the left siblings it completes (stored a moment earlier by the same program, so read back
    from L2) and stores the result in its Fenwick slot. The block's root goes to a small fp32 buffer.
+   Or :func:`fenwick_block_kernel` (``LaunchConfig.tree_registers``): the same, the block unrolled so that
+   the pending left siblings stay in registers and the next chunk's tiles load during this chunk's work.
+   Either may split the state's key rows over ``tree_key_split`` programs (``[C, K / split]ᵀ [C, V]``).
 2. :func:`fenwick_upper_kernel`, grid ``(H, B)``: the same binary counter over block roots, for the
-   ``log2(N / 2^m)`` levels above the blocks: ``N / 2^m`` steps of a ``[K, V]`` add.
+   ``log2(N / 2^m)`` levels above the blocks: ``N / 2^m`` steps of a ``[K, V]`` add (the rows split over
+   ``upper_row_split`` programs).
 3. :func:`loglinear_fwd_kernel`, grid ``(H / head_group, N, B)``: step 2's product plus one
    ``[C, K] × [K, V]`` product per level read. λ is loaded one ``[C]`` column per level it uses
    (:func:`~.tiles.load_level_column`), so no tile's width grows with ``T``.
 
 Memory traffic: q, k, v read twice (tree and output), o written once, one ``K × V`` node written per
-chunk and read by ``popcount(c)`` chunks (mostly from L2: a node of level ``ℓ`` is read by the
+chunk (with 16-bit nodes, its residual too: the tree kernel writes four bytes per state element, which
+bounds its time more than its products do) and read by ``popcount(c)`` chunks (mostly from L2: a node of level ``ℓ`` is read by the
 ``2^(ℓ-1)`` consecutive chunks that follow it). Work: ``2·T·K·V`` flops for the leaves,
 ``2·C·T·(K + V)`` inside chunks, ``2·T·K·V`` per level read — on average ``log2(N) / 2`` of them.
 """
@@ -72,6 +77,16 @@ def store_node(node_ptr, res_ptr, offset, state, RESIDUAL: tl.constexpr):
 
 
 @triton.jit
+def store_node_where(node_ptr, res_ptr, offset, state, c, limit, RESIDUAL: tl.constexpr):
+    """:func:`store_node` of chunk ``c``'s node, only if ``c < limit``."""
+    mask = (tl.zeros_like(offset) + c) < limit  # the whole tile or nothing
+    stored = state.to(node_ptr.dtype.element_ty)
+    tl.store(node_ptr + offset, stored, mask=mask)
+    if RESIDUAL:
+        tl.store(res_ptr + offset, (state - stored.to(state.dtype)).to(res_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def load_node(node_ptr, res_ptr, offset, dtype, RESIDUAL: tl.constexpr):
     """A stored node in ``dtype``, its rounding undone with RESIDUAL: merges add unrounded children."""
     node = tl.load(node_ptr + offset).to(dtype)
@@ -90,18 +105,42 @@ def merge_left(state, node_ptr, res_ptr, gend_ptr, e, g_end, tile, BK: tl.conste
 
 
 @triton.jit
+def load_chunk(k_ptr, v_ptr, gc_ptr, sqt, svt, c, T, N, rk, rv, K, V, C: tl.constexpr):
+    """Chunk ``c``'s keys ``[C, BKS]`` (the rows ``rk`` of the state), values ``[C, BV]``, ``gc`` ``[C]`` and
+    ``gc`` at its last token; zero when ``c >= N`` (a chunk past the sequence), so a program may run past it."""
+    t = c * C + tl.arange(0, C)
+    k = load_tile(k_ptr, sqt, t, T, rk, K)
+    v = load_tile(v_ptr, svt, t, T, rv, V)
+    gc = tl.load(gc_ptr + t, mask=t < N * C, other=0.0)
+    g_last = tl.load(gc_ptr + c * C + C - 1, mask=c < N, other=0.0)
+    return k, v, gc, g_last
+
+
+@triton.jit
+def chunk_leaf(k, v, gc, g_last, IP: tl.constexpr, SPLIT: tl.constexpr):
+    """The leaf ``K̃ᵀ V`` (``[BKS, BV]`` fp32), ``K̃ = diag(exp(g_last - gc)) K`` rounded to v's type (with SPLIT,
+    what that rounding lost as a second product)."""
+    k_to_end = k * tl.exp(g_last - gc)[:, None]
+    k_high, k_low = split16(k_to_end, v.dtype)
+    state = tl.dot(tl.trans(k_high), v, input_precision=IP)
+    if SPLIT:
+        state += tl.dot(tl.trans(k_low), v, input_precision=IP)
+    return state
+
+
+@triton.jit
 def fenwick_tree_kernel(
     k_ptr, v_ptr, gc_ptr, gend_ptr, node_ptr, res_ptr, root_ptr,
     T, N, NB, H, K, V,
     sqb, sqt, sqh, svb, svt, svh,
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, M: tl.constexpr, IP: tl.constexpr,
-    SPLIT: tl.constexpr = False, RESIDUAL: tl.constexpr = False,
+    SPLIT: tl.constexpr = False, RESIDUAL: tl.constexpr = False, KS: tl.constexpr = 1,
 ):
-    """Grid ``(H, NB, B)``, ``NB = ceil(N / 2^M)``. node (and res, with RESIDUAL): ``[B, H, N, BK, BV]``;
-    root: fp32 ``[B, H, NB, BK, BV]``."""
-    i_h, i_blk, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """Grid ``(H·KS, NB, B)``, ``NB = ceil(N / 2^M)``; program ``(h·KS + j, ...)`` owns rows ``j·BK/KS ..`` of the
+    states. node (and res, with RESIDUAL): ``[B, H, N, BK, BV]``; root: fp32 ``[B, H, NB, BK, BV]``."""
+    i_h, i_blk, i_b = tl.program_id(0) // KS, tl.program_id(1), tl.program_id(2)
     bh = (i_b * H + i_h).to(tl.int64)
-    rk, rv = tl.arange(0, BK), tl.arange(0, BV)
+    rk, rv = (tl.program_id(0) % KS) * (BK // KS) + tl.arange(0, BK // KS), tl.arange(0, BV)
     tile = rk[:, None] * BV + rv[None, :]
     k_ptr += i_b.to(tl.int64) * sqb + i_h * sqh
     v_ptr += i_b.to(tl.int64) * svb + i_h * svh
@@ -117,11 +156,7 @@ def fenwick_tree_kernel(
             v = load_tile(v_ptr, svt, t, T, rv, V)
             gc = tl.load(gc_ptr + t)
             g_last = tl.load(gc_ptr + c * C + C - 1)
-            k_to_end = k * tl.exp(g_last - gc)[:, None]
-            k_high, k_low = split16(k_to_end, v.dtype)
-            state = tl.dot(tl.trans(k_high), v, input_precision=IP)  # the leaf, decayed to its end
-            if SPLIT:  # what rounding K̃ to v's 16-bit type lost, as a second product
-                state += tl.dot(tl.trans(k_low), v, input_precision=IP)
+            state = chunk_leaf(k, v, gc, g_last, IP, SPLIT)  # the leaf, decayed to its end
             g_end = tl.load(gend_ptr + c)
             merges = trailing_ones(i, M)
             for height in range(merges):  # merge with the left sibling of each height this chunk completes
@@ -137,14 +172,97 @@ def fenwick_tree_kernel(
 
 
 @triton.jit
+def merge_held(state, left, g_end, g_left):
+    """``exp(G_end - G_left) S_left + state`` for a left node held in registers."""
+    return tl.exp((g_end - g_left).to(state.dtype)) * left + state
+
+
+@triton.jit
+def fenwick_block_kernel(
+    k_ptr, v_ptr, gc_ptr, gend_ptr, node_ptr, res_ptr, root_ptr,
+    T, N, NB, H, K, V,
+    sqb, sqt, sqh, svb, svt, svh,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, M: tl.constexpr, IP: tl.constexpr,
+    SPLIT: tl.constexpr, RESIDUAL: tl.constexpr, KS: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    """:func:`fenwick_tree_kernel`'s function (same grid, buffers and stores), its ``2^M`` chunks unrolled so
+    that the binary counter is known when compiling: the pending left node of height ``j`` stays in registers
+    (``s0 .. s5``, ``M <= 6``) until the chunk that completes its parent merges it, so no merge waits for memory
+    and no barrier orders a store before a load; the next chunk's tiles are loaded before this chunk's
+    product. Chunks past the sequence (the last block) run on zero tiles with every store masked."""
+    tl.static_assert(M <= 6)
+    i_h, i_blk, i_b = tl.program_id(0) // KS, tl.program_id(1), tl.program_id(2)
+    bh = (i_b * H + i_h).to(tl.int64)
+    rk, rv = (tl.program_id(0) % KS) * (BK // KS) + tl.arange(0, BK // KS), tl.arange(0, BV)
+    tile = rk[:, None] * BV + rv[None, :]
+    k_ptr += i_b.to(tl.int64) * sqb + i_h * sqh
+    v_ptr += i_b.to(tl.int64) * svb + i_h * svh
+    gc_ptr += bh * N * C
+    gend_ptr += bh * N
+    node_ptr += bh * N * BK * BV
+    res_ptr += bh * N * BK * BV
+    c_first = i_blk << M
+    if PREFETCH:
+        k_next, v_next, gc_next, g_last_next = load_chunk(k_ptr, v_ptr, gc_ptr, sqt, svt, c_first, T, N, rk, rv,
+                                                          K, V, C)
+    for i in tl.static_range(1 << M):
+        c = c_first + i
+        if PREFETCH:  # this chunk's tiles were loaded during the previous chunk; load the next one's now
+            k, v, gc, g_last = k_next, v_next, gc_next, g_last_next  # noqa: F821
+            if i + 1 < (1 << M):
+                k_next, v_next, gc_next, g_last_next = load_chunk(k_ptr, v_ptr, gc_ptr, sqt, svt, c + 1, T, N, rk, rv,
+                                                                  K, V, C)
+        else:
+            k, v, gc, g_last = load_chunk(k_ptr, v_ptr, gc_ptr, sqt, svt, c, T, N, rk, rv, K, V, C)
+        state = chunk_leaf(k, v, gc, g_last, IP, SPLIT)
+        g_end = tl.load(gend_ptr + tl.minimum(c, N - 1))
+        # merge height j when the lowest j + 1 bits of i are ones: the left siblings this chunk completes
+        if (i & 1) == 1:
+            state = merge_held(state, s0, g_end, g0)  # noqa: F821 (held since chunk i - 1)
+        if (i & 3) == 3:
+            state = merge_held(state, s1, g_end, g1)  # noqa: F821
+        if (i & 7) == 7:
+            state = merge_held(state, s2, g_end, g2)  # noqa: F821
+        if (i & 15) == 15:
+            state = merge_held(state, s3, g_end, g3)  # noqa: F821
+        if (i & 31) == 31:
+            state = merge_held(state, s4, g_end, g4)  # noqa: F821
+        if (i & 63) == 63:
+            state = merge_held(state, s5, g_end, g5)  # noqa: F821
+        offset = c.to(tl.int64) * BK * BV + tile
+        if i == (1 << M) - 1:  # the block's root: the tree above the blocks needs it, left or right
+            tl.store(root_ptr + (bh * NB + i_blk) * BK * BV + tile, state, mask=(tl.zeros_like(tile) + c) < N)
+            store_node_where(node_ptr, res_ptr, offset, state, c, N * (1 - (i_blk & 1)), RESIDUAL)  # even blocks
+        else:  # a left node of height j = the trailing ones of i: stored for its readers, held for its parent
+            store_node_where(node_ptr, res_ptr, offset, state, c, N, RESIDUAL)
+            if (i & 1) == 0:
+                s0, g0 = state, g_end
+            elif (i & 3) == 1:
+                s1, g1 = state, g_end
+            elif (i & 7) == 3:
+                s2, g2 = state, g_end
+            elif (i & 15) == 7:
+                s3, g3 = state, g_end
+            elif (i & 31) == 15:
+                s4, g4 = state, g_end
+            else:
+                s5, g5 = state, g_end
+
+
+@triton.jit
 def fenwick_upper_kernel(
     gend_ptr, node_ptr, res_ptr, root_ptr, N, NB, NB_FULL, H, ROOT_BITS,
     BK: tl.constexpr, BV: tl.constexpr, M: tl.constexpr, RESIDUAL: tl.constexpr = False,
+    RS: tl.constexpr = 1, FROM_ROOTS: tl.constexpr = False,
 ):
-    """Grid ``(H, B)``: the binary counter over the ``NB_FULL`` complete block roots (levels above ``M``)."""
-    i_h, i_b = tl.program_id(0), tl.program_id(1)
+    """Grid ``(H·RS, B)``: the binary counter over the ``NB_FULL`` complete block roots (levels above ``M``),
+    program ``(h·RS + j, b)`` on rows ``j·BK/RS ..`` of the states. FROM_ROOTS: a left node is read in fp32 from
+    the root slot of the block where it ends (each merged node is written back to its own block's slot), not
+    from the stored node and its residual."""
+    i_h, i_b = tl.program_id(0) // RS, tl.program_id(1)
     bh = (i_b * H + i_h).to(tl.int64)
-    tile = tl.arange(0, BK)[:, None] * BV + tl.arange(0, BV)[None, :]
+    rows = (tl.program_id(0) % RS) * (BK // RS) + tl.arange(0, BK // RS)
+    tile = rows[:, None] * BV + tl.arange(0, BV)[None, :]
     gend_ptr += bh * N
     node_ptr += bh * N * BK * BV
     res_ptr += bh * N * BK * BV
@@ -155,9 +273,15 @@ def fenwick_upper_kernel(
         merges = trailing_ones(beta, ROOT_BITS)
         for height in range(merges):
             e = c - (1 << (M + height))
-            state = merge_left(state, node_ptr, res_ptr, gend_ptr, e, g_end, tile, BK, BV, RESIDUAL)
+            if FROM_ROOTS:
+                left = tl.load(root_ptr + (bh * NB + beta - (1 << height)) * BK * BV + tile)
+                state = merge_held(state, left, g_end, tl.load(gend_ptr + e))
+            else:
+                state = merge_left(state, node_ptr, res_ptr, gend_ptr, e, g_end, tile, BK, BV, RESIDUAL)
         if merges > 0:  # an even block's root was stored by the tree kernel already
             store_node(node_ptr, res_ptr, c.to(tl.int64) * BK * BV + tile, state, RESIDUAL)
+            if FROM_ROOTS:
+                tl.store(root_ptr + (bh * NB + beta) * BK * BV + tile, state)
         tl.debug_barrier()
 
 
@@ -226,49 +350,58 @@ class FenwickTree(NamedTuple):
     residuals: torch.Tensor
 
 
-def build_tree(k, v, gc, gend, chunk_size: int, config: LaunchConfig = LaunchConfig()) -> FenwickTree:
+def build_tree(k, v, gc, gend, chunk_size: int, config: LaunchConfig = LaunchConfig(),
+               residuals: bool = True) -> FenwickTree:
     """The Fenwick tree of chunk states (:class:`FenwickTree`). k: ``[B, T, H or 1, K]``; v: ``[B, T, H, V]``;
-    gc, gend from ``chunk_decay``."""
+    gc, gend from ``chunk_decay``. ``residuals=False``: no backward will read the 16-bit nodes' residuals, so
+    the tree kernels that do not merge through them (``config.tree_registers``) store none."""
     B, T, Hk, K = k.shape
     H, V = v.shape[2], v.shape[3]
     N = -(-T // chunk_size)
-    BK, BV, M = head_block(K), head_block(V), config.block_levels
+    BK, BV, M = head_block(K), head_block(V), config.tree_levels()
     NB = -(-N // (1 << M))
     nodes = torch.empty(B, H, N, BK, BV, device=k.device, dtype=state_dtype(k.dtype, config.precision))
-    residual = nodes.dtype in (torch.float16, torch.bfloat16)
-    residuals = torch.empty_like(nodes) if residual else nodes.new_empty(0)
-    res_arg = residuals if residual else nodes  # a valid pointer the kernels never use without RESIDUAL
+    residual = nodes.dtype in (torch.float16, torch.bfloat16) and (residuals or not config.tree_registers)
+    kept = torch.empty_like(nodes) if residual else nodes.new_empty(0)
+    res_arg = kept if residual else nodes  # a valid pointer the kernels never use without RESIDUAL
     upper = num_chunk_levels(T, chunk_size) > M
     roots = torch.empty(B, H, NB if upper else 1, BK, BV, device=k.device, dtype=accumulator_dtype(k.dtype))
     sqh = 0 if Hk == 1 else k.stride(2)
-    fenwick_tree_kernel[(H, NB, B)](
+    KS = config.key_split(BK)
+    tree_kernel = fenwick_block_kernel if config.tree_registers else fenwick_tree_kernel
+    tree_kernel[(H * KS, NB, B)](
         k, v, gc, gend, nodes, res_arg, roots, T, N, NB if upper else 0, H, K, V,
         k.stride(0), k.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2),
         C=chunk_size, BK=BK, BV=BV, M=M, IP=dot_precision(k.dtype, config.precision), num_warps=config.tree_warps,
-        SPLIT=split_leaf(k.dtype, config.precision), RESIDUAL=residual,
+        SPLIT=split_leaf(k.dtype, config.precision), RESIDUAL=residual, KS=KS,
+        **(dict(PREFETCH=config.tree_prefetch) if config.tree_registers else {}),
+        **({} if config.tree_max_registers is None else dict(maxnreg=config.tree_max_registers)),
     )
     if upper:
         nb_full = N >> M
-        fenwick_upper_kernel[(H, B)](
+        RS = config.row_split(BK)
+        fenwick_upper_kernel[(H * RS, B)](
             gend, nodes, res_arg, roots, N, NB, nb_full, H, max(nb_full.bit_length(), 1),
-            BK=BK, BV=BV, M=M, RESIDUAL=residual, num_warps=config.tree_warps,
+            BK=BK, BV=BV, M=M, RESIDUAL=residual, RS=RS, FROM_ROOTS=config.tree_registers,
+            num_warps=config.tree_warps,
         )
-    return FenwickTree(nodes, residuals)
+    return FenwickTree(nodes, kept)
 
 
 def loglinear_forward(q, k, v, level_scales, gc, gend, chunk_size: int = 64,
-                      config: LaunchConfig = LaunchConfig(), out: torch.Tensor | None = None):
+                      config: LaunchConfig = LaunchConfig(), out: torch.Tensor | None = None, residuals: bool = True):
     """Log-linear Mamba-2 forward.
 
     q, k: ``[B, T, H or 1, K]`` with equal strides and ``K <= 128``; v: ``[B, T, H, V]`` (``V <= 128``);
     level_scales: ``[B, T, H, L]``; gc, gend from :func:`~loglin_edu.kernels.inputs.chunk_decay`;
     every last dimension contiguous. ``out`` (optional, ``[B, T, H, V]``, any strides) receives o.
-    Returns ``(o, tree)``, ``tree`` the :class:`FenwickTree` the backward needs.
+    Returns ``(o, tree)``, ``tree`` the :class:`FenwickTree` the backward needs (``residuals=False``: no
+    backward will run, see :func:`build_tree`).
     """
     B, T, Hk, K = q.shape
     H, V, L = v.shape[2], v.shape[3], level_scales.shape[3]
     N = -(-T // chunk_size)
-    tree = build_tree(k, v, gc, gend, chunk_size, config)
+    tree = build_tree(k, v, gc, gend, chunk_size, config, residuals)
     o = torch.empty(B, T, H, V, device=v.device, dtype=v.dtype) if out is None else out
     HG = config.group(H)
     loglinear_fwd_kernel[(H // HG, N, B)](

@@ -22,7 +22,9 @@ The forward of step 3, per chunk ``c`` and chunk level ``ℓ`` (bit ``ℓ - 1`` 
    ``(dO Vᵀ) ⊙ (Q Kᵀ) ⊙ E`` over the keys of each level, and at level ``ℓ`` the row sums of ``Q ⊙ X_ℓ``.
 
 The decay's gradient, as in step 1: ``∂L/∂G_t = q_t · dq_t - k_t · dk_t`` per head, then a reverse
-cumulative sum over the sequence in fp64 on the host. Inside a chunk both dot products are sums of one
+cumulative sum over the sequence in fp64, by PyTorch or (``LaunchConfig.grad_sums_in_kernels``) in two
+levels: :func:`dq_kernel` sums inside its chunk, :func:`chunk_offsets_kernel` over the chunks' totals and
+:func:`decay_grad_kernel` adds the two. Inside a chunk both dot products are sums of one
 ``[C, C]`` matrix ``D = (dO Vᵀ) ⊙ (Q Kᵀ) ⊙ E ⊙ Λ`` — ``q_t · dq_t`` its row sums, ``k_t · dk_t`` its column
 sums — so :func:`dq_kernel` takes ``rowsum(D) - colsum(D)`` in fp32, where the large diagonal terms
 cancel exactly. The levels add ``Σ_ℓ λ_ℓ · dλ_ℓ`` and ``- K̃ · dK̃`` of the leaf.
@@ -49,8 +51,10 @@ shows the measurements). fp32 nodes (fp16 calls, and the ``"fp32"`` rung) are st
 the bound). The node gradients are formed and stored in fp32 (``LaunchConfig.exact_node_grads``, the
 default): in bf16 ``Q̃`` would be rounded before the product.
 
-With q, k shared by all heads, one program handles ``head_group`` heads and sums their dq, dk in
-registers; the host sums over the groups that remain. Work: about twice the forward's.
+With q, k shared by all heads, one program handles ``head_group`` heads (``grad_head_group``) and sums their
+dq, dk in registers; the host sums over the groups that remain, or (``grad_sums_in_kernels``) the dq kernel
+sums dk's group shares and :func:`decay_grad_kernel` dq's, each output row by one program in a fixed order
+(deterministic). Work: about twice the forward's.
 """
 
 from __future__ import annotations
@@ -63,12 +67,14 @@ from ..fenwick import num_chunk_levels
 from .config import (
     LaunchConfig,
     accumulator_dtype,
+    block,
     dot_precision,
     head_block,
     partial_dtype,
     split_leaf,
     state_dtype,
 )
+from .inputs import reverse_cumsum
 from .tiles import (
     decay_matrix,
     fenwick_levels,
@@ -156,16 +162,22 @@ def node_grad_kernel(
 @triton.jit
 def dq_kernel(
     q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, node_ptr, do_ptr, dq_ptr, dlam_ptr, qdq_ptr,
-    T, N, H, K, V, L, n_levels,
+    kdk_ptr, dk_shares_ptr, dk_ptr,
+    T, N, H, K, V, L, n_levels, shares, share_rows,
     sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdqb, sdqt, sdqh, sdlb, sdlt, sdlh,
+    sksb, skst, sksh, sdkb, sdkt,
     C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
+    LOCAL: tl.constexpr = False, SUM_DK: tl.constexpr = False, BS: tl.constexpr = 1,
 ):
     """Grid ``(H / HG, N, B)``. dq: ``[B, T, H, K]`` (strides ``sdq*``), or with SHARED one slot per head
     group; lam and dlam: ``[B, T, H, L]`` (strides ``sl*``, ``sdl*``), read and written one level column at
     a time — dlam zeroed, since only the columns of the levels a chunk uses are written; qdq: ``[B, H, N·C]``
     receives ``q·dq`` less the chunk's own ``k·dk`` (both from the fp32 ``[C, C]`` pair matrix, where they
-    cancel exactly)."""
+    cancel exactly). With LOCAL, less the leaf's ``K̃·dK̃`` too (kdk, ``[B, H, N·C]``, from :func:`dkdv_kernel`),
+    and summed within the chunk from its end (fp64 qdq): :func:`decay_grad_kernel` adds the later chunks.
+    SUM_DK: dk ``[B, T, 1, K]`` (strides ``sdk*``) = the sum of the ``shares`` head groups' shares of dk
+    (``[B, T, shares, K]``, strides ``sks*``, ``shares <= BS``), this program summing ``share_rows`` rows of the chunk."""
     i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t = i_c * C + tl.arange(0, C)
     rk, rv = tl.arange(0, BK), tl.arange(0, BV)
@@ -206,6 +218,9 @@ def dq_kernel(
                 lam_level = load_level_column(lam_head, slt, t, T, L, C_LOG + level, gc.dtype)
                 dq += lam_level[:, None] * x
                 d_cum += lam_level * d_level  # q · (this level's share of dq)
+        if LOCAL:  # the chunk's part of the reverse cumulative sum of dG, in fp64
+            d_cum -= tl.load(kdk_ptr + bh * N * C + t)
+            d_cum = tl.cumsum(d_cum.to(qdq_ptr.dtype.element_ty), 0, reverse=True)
         tl.store(qdq_ptr + bh * N * C + t, d_cum)
         if SHARED:
             dq_group += dq
@@ -213,6 +228,59 @@ def dq_kernel(
             store_tile(dq_ptr + i_b.to(tl.int64) * sdqb + h * sdqh, sdqt, t, T, rk, K, dq)
     if SHARED:
         store_tile(dq_ptr + i_b.to(tl.int64) * sdqb + i_g * sdqh, sdqt, t, T, rk, K, dq_group)
+    if SUM_DK:  # dk's shares of this program's rows of the chunk, summed in a fixed order
+        sum_share_rows(dk_shares_ptr + i_b.to(tl.int64) * sksb, skst, sksh, dk_ptr + i_b.to(tl.int64) * sdkb, sdkt,
+                       i_c * C + i_g * share_rows, tl.minimum(share_rows, C - i_g * share_rows), T, shares, K, BS, BK,
+                       gc_ptr.dtype.element_ty)
+
+
+@triton.jit
+def sum_share_rows(shares_ptr, s_t, s_share, out_ptr, so_t, t_first, rows, T, shares, K,
+                   BS: tl.constexpr, BK: tl.constexpr, dtype):
+    """``out[t] = Σ_s shares[t, s]`` for the ``rows`` tokens from ``t_first`` (those below ``T``), summed in
+    ``dtype``: each row a ``[BS, BK]`` tile of the ``shares`` shares and ``K`` columns."""
+    rs, rk = tl.arange(0, BS), tl.arange(0, BK)
+    for r in range(rows):
+        t = t_first + r
+        if t < T:
+            tile = tl.load(shares_ptr + t.to(tl.int64) * s_t + rs[:, None] * s_share + rk[None, :],
+                           mask=(rs[:, None] < shares) & (rk[None, :] < K), other=0.0)
+            total = tl.sum(tile.to(dtype), 0)
+            tl.store(out_ptr + t.to(tl.int64) * so_t + rk, total.to(out_ptr.dtype.element_ty), mask=rk < K)
+
+
+@triton.jit
+def chunk_offsets_kernel(local_ptr, offset_ptr, N, C: tl.constexpr, BN: tl.constexpr):
+    """Grid ``(B·H,)``: ``offset[c] = Σ_{c' > c} local[c'·C]`` in fp64, the later chunks' share of the reverse
+    cumulative sum (``local[c·C]`` is chunk ``c``'s total, :func:`dq_kernel` with LOCAL). local: ``[B·H, N·C]``;
+    offset: ``[B·H, N]``."""
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BN)
+    totals = tl.load(local_ptr + row * N * C + c * C, mask=c < N, other=0.0)
+    tl.store(offset_ptr + row * N + c, tl.cumsum(totals, 0, reverse=True) - totals, mask=c < N)
+
+
+@triton.jit
+def decay_grad_kernel(
+    local_ptr, offset_ptr, dg_ptr, dq_shares_ptr, dq_ptr,
+    T, N, H, K, shares, sgb, sgt, sgh, sqsb, sqst, sqsh, sdqb, sdqt,
+    C: tl.constexpr, BH: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, SUM_DQ: tl.constexpr, ACC: tl.constexpr,
+):
+    """Grid ``(N, B)``: chunk ``c``'s ``d log_decay`` ``[C, H]`` = its local reverse sums plus the later
+    chunks' offsets (local: ``[B, H, N·C]``, offset: ``[B, H, N]``, fp64; dg ``[B, T, H]``, strides ``sg*``); with
+    SUM_DQ, its rows of dq ``[B, T, 1, K]`` (strides ``sdq*``) = the sum of dq's ``shares`` shares (strides ``sqs*``),
+    accumulated in ``ACC``."""
+    i_c, i_b = tl.program_id(0), tl.program_id(1)
+    t = i_c * C + tl.arange(0, C)
+    h = tl.arange(0, BH)
+    rows = (i_b * H + h).to(tl.int64)
+    local = tl.load(local_ptr + rows[None, :] * N * C + t[:, None], mask=h[None, :] < H, other=0.0)
+    offset = tl.load(offset_ptr + rows * N + i_c, mask=h < H, other=0.0)
+    tl.store(dg_ptr + i_b.to(tl.int64) * sgb + t[:, None].to(tl.int64) * sgt + h[None, :] * sgh,
+             (local + offset[None, :]).to(dg_ptr.dtype.element_ty), mask=(t[:, None] < T) & (h[None, :] < H))
+    if SUM_DQ:
+        sum_share_rows(dq_shares_ptr + i_b.to(tl.int64) * sqsb, sqst, sqsh, dq_ptr + i_b.to(tl.int64) * sdqb, sdqt,
+                       i_c * C, C, T, shares, K, BS, BK, ACC)
 
 
 @triton.jit
@@ -317,17 +385,20 @@ def upper_node_grads(d_nodes: torch.Tensor, block_levels: int, n_levels: int, dt
 
 def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: int = 64,
                        config: LaunchConfig = LaunchConfig(), grads: dict | None = None):
-    """Gradients of :func:`~loglin_edu.kernels.step3_chunk_tree.loglinear_forward`: ``(dq, dk, dv, dlam, dG)``.
+    """Gradients of :func:`~loglin_edu.kernels.step3_chunk_tree.loglinear_forward`: ``(dq, dk, dv, dlam, dg)``.
 
     Inputs as the forward's (``tree`` is what it returned), do: ``[B, T, H, V]``. dq, dk are shaped
-    like q, k (summed over heads when shared); dG: ``[B, H, N·C]`` is the gradient of the cumulative
-    decay. ``grads`` may hold preallocated outputs ``"dv"``, ``"dlam"`` and, for per-head q/k, ``"dq"``,
-    ``"dk"`` (any strides, last dimension contiguous; ``dlam`` zeroed).
+    like q, k (summed over heads when shared); dg: ``[B, T, H]`` is the gradient of the log decay, the reverse
+    cumulative sum of the cumulative decay's gradient (fp64 unless preallocated). ``grads`` may hold
+    preallocated outputs ``"dv"``, ``"dlam"``, ``"dlog_decay"`` and, for per-head q/k, ``"dq"``, ``"dk"`` (any
+    strides, last dimension contiguous; ``dlam`` zeroed).
 
     Buffers besides the outputs: the node gradients (``[B, H, N, BK, BV]``, fp32 by default; those above the
-    blocks in their block-root slots, :func:`upper_node_grads`), ``k·dk`` and ``q·dq`` (fp32 ``[B, H, N·C]``)
-    and, with q, k shared, per-head shares of dk and of dq (``[B, T, H / head_group, K]``, ``partial_dtype``)
-    that the host sums over the heads. dk and dv are computed first, as they read the node gradients; those are
+    blocks in their block-root slots, :func:`upper_node_grads`), ``k·dk`` and ``q·dq`` (``[B, H, N·C]``, fp32;
+    ``q·dq`` fp64 with ``config.grad_sums_in_kernels``) and, with q, k shared and more than one head group, each
+    group's share of dk and of dq (``[B, T, H / grad_head_group, K]``, ``partial_dtype``), summed over the
+    groups by the host, or with ``config.grad_sums_in_kernels`` by :func:`dq_kernel` (dk's) and
+    :func:`decay_grad_kernel` (dq's). dk and dv are computed first, as they read the node gradients; those are
     freed before dq's shares and dλ are allocated, so the node gradients, dk's shares, dv and ``k·dk`` are the
     most that is alive at once.
     """
@@ -340,7 +411,9 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: in
     NB = -(-N // (1 << M))
     acc = accumulator_dtype(q.dtype)
     shared = Hk == 1
-    HG = config.group(H)
+    HG = config.grad_group(H)
+    groups = H // HG
+    in_kernels = config.grad_sums_in_kernels
     nodes, residuals = tree
     d_nodes = torch.empty(B, H, N, BK, BV, device=q.device, dtype=acc if config.exact_node_grads else state_dtype(q.dtype, config.precision))
     split_dots = q.dtype in (torch.float16, torch.bfloat16) and d_nodes.dtype == torch.float32
@@ -359,8 +432,8 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: in
     input_strides = (q.stride(0), q.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2),
                      level_scales.stride(0), level_scales.stride(1), level_scales.stride(2),
                      do.stride(0), do.stride(1), do.stride(2))
-    if shared:
-        dk = torch.empty(B, T, H // HG, K, device=q.device, dtype=partial_dtype(q.dtype))
+    if shared:  # one share per head group; a single group's share is the gradient itself
+        dk = torch.empty(B, T, groups, K, device=q.device, dtype=partial_dtype(q.dtype))
     else:
         dk = grads["dk"] if "dk" in grads else torch.empty(B, T, H, K, device=q.device, dtype=q.dtype)
     dv = grads["dv"] if "dv" in grads else torch.empty(B, T, H, V, device=q.device, dtype=v.dtype)
@@ -372,18 +445,58 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: in
         M=M, SPLIT=split_leaf(q.dtype, config.precision), SPLIT_DOTS=split_dots, RESIDUAL=residuals.numel() > 0, **common,
     )
     del d_nodes, d_upper  # dq reads the forward's nodes, not their gradients
+    summed = shared and groups > 1  # shares to sum over the head groups
+    dk_shares = dk
+    if summed:
+        dk = torch.empty(B, T, 1, K, device=q.device, dtype=q.dtype) if in_kernels else dk.sum(2, keepdim=True).to(q.dtype)
     if shared:
-        dk = dk.sum(2, keepdim=True).to(q.dtype)
-        dq = torch.empty(B, T, H // HG, K, device=q.device, dtype=partial_dtype(q.dtype))
+        dq = torch.empty(B, T, groups, K, device=q.device, dtype=partial_dtype(q.dtype))
     else:
         dq = grads["dq"] if "dq" in grads else torch.empty(B, T, H, K, device=q.device, dtype=q.dtype)
+    if not (summed and in_kernels):
+        del dk_shares
+        dk_shares = dk  # a valid pointer the dq kernel does not read
     dlam = grads["dlam"] if "dlam" in grads else torch.zeros(B, T, H, L, device=q.device, dtype=level_scales.dtype)
-    qdq = torch.empty_like(kdk)
+    qdq = torch.empty_like(kdk, dtype=torch.float64 if in_kernels else acc)
+    share_rows = -(-chunk_size // groups)
     dq_kernel[(H // HG, N, B)](
-        q, k, v, level_scales, gc, gend, nodes, do, dq, dlam, qdq, T, N, H, K, V, L, n_levels,
+        q, k, v, level_scales, gc, gend, nodes, do, dq, dlam, qdq, kdk, dk_shares, dk,
+        T, N, H, K, V, L, n_levels, groups, share_rows,
         *input_strides, dq.stride(0), dq.stride(1), dq.stride(2), dlam.stride(0), dlam.stride(1), dlam.stride(2),
-        **common,
+        dk_shares.stride(0), dk_shares.stride(1), dk_shares.stride(2), dk.stride(0), dk.stride(1),
+        LOCAL=in_kernels, SUM_DK=summed and in_kernels, BS=block(groups, 1), **common,
     )
-    if shared:
+    del dk_shares
+    if in_kernels:
+        dq, dg = finish_in_kernels(qdq, dq, q.dtype, T, chunk_size, grads.get("dlog_decay"), shared and groups > 1)
+        return dq, dk, dv, dlam, dg
+    if summed:
         dq = dq.sum(2, keepdim=True).to(q.dtype)
-    return dq, dk, dv, dlam, qdq - kdk
+    d_cum = qdq - kdk
+    del qdq, kdk
+    dg = reverse_cumsum(d_cum, -1)[:, :, :T].transpose(1, 2)
+    if "dlog_decay" in grads:
+        dg = grads["dlog_decay"].copy_(dg)
+    return dq, dk, dv, dlam, dg
+
+
+def finish_in_kernels(local, dq, dtype: torch.dtype, T: int, chunk_size: int, dg: torch.Tensor | None = None,
+                      summed: bool = True) -> tuple:
+    """``(dq, dg)`` from :func:`dq_kernel`'s outputs with LOCAL: ``local`` (``[B, H, N·C]`` fp64, each chunk's
+    reverse cumulative sums of the decay's gradient) and ``dq`` (``[B, T, shares, K]``: with ``summed``, the head
+    groups' shares, summed here into ``[B, T, 1, K]`` of ``dtype``). Two launches: :func:`chunk_offsets_kernel`
+    (the later chunks' totals) and :func:`decay_grad_kernel`. ``dg`` (``[B, T, H]``, any float type and strides)
+    receives d log_decay; fp64 when not given."""
+    B, H, NC = local.shape
+    N, K, shares = NC // chunk_size, dq.shape[3], dq.shape[2]
+    offsets = torch.empty(B, H, N, device=local.device, dtype=torch.float64)
+    chunk_offsets_kernel[(B * H,)](local, offsets, N, C=chunk_size, BN=block(N, 1))
+    dg = torch.empty(B, T, H, device=local.device, dtype=torch.float64) if dg is None else dg
+    dq_sum = torch.empty(B, T, 1, K, device=dq.device, dtype=dtype) if summed else dq
+    decay_grad_kernel[(N, B)](
+        local, offsets, dg, dq, dq_sum, T, N, H, K, shares, dg.stride(0), dg.stride(1), dg.stride(2),
+        dq.stride(0), dq.stride(1), dq.stride(2), dq_sum.stride(0), dq_sum.stride(1),
+        C=chunk_size, BH=block(H, 1), BS=block(shares, 1), BK=block(K), SUM_DQ=summed,
+        ACC=tl.float64 if dtype == torch.float64 else tl.float32,
+    )
+    return dq_sum, dg

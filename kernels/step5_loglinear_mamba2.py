@@ -21,7 +21,7 @@ import torch
 
 from . import interpreted
 from .config import MAX_BLOCK, LaunchConfig
-from .inputs import chunk_decay, fold_into_batch, kernel_layout, last_dim_contiguous, reverse_cumsum
+from .inputs import chunk_decay, fold_into_batch, kernel_layout, last_dim_contiguous
 from .step3_chunk_tree import FenwickTree, loglinear_forward
 from .step4_tree_backward import loglinear_backward
 
@@ -32,10 +32,12 @@ CONFIG = LaunchConfig(head_group=1, block_levels=4, num_warps=4, tree_warps=4)
 
 class LogLinearMamba2(torch.autograd.Function):
     """``(o, gc, gend, nodes, residuals) = LogLinearMamba2.apply(q, k, v, level_scales, log_decay, chunk_size,
-    config)`` for ``K, V <= 128``.
+    config, backward)`` for ``K, V <= 128``.
 
     Only ``o`` is differentiable; ``gc, gend`` (the decay sums) and ``nodes, residuals`` (the Fenwick tree of
-    states, :class:`~loglin_edu.kernels.step3_chunk_tree.FenwickTree`) are what the backward needs. Under
+    states, :class:`~loglin_edu.kernels.step3_chunk_tree.FenwickTree`) are what the backward needs.
+    ``backward=False`` (the call runs without autograd recording it) lets the tree skip what only a backward
+    reads (:func:`~loglin_edu.kernels.step3_chunk_tree.build_tree`). Under
     :func:`torch.func.vmap` (the training ensemble) the mapped dimension is folded into the batch — every
     sequence is independent — so the kernels run once for all members.
     """
@@ -43,16 +45,16 @@ class LogLinearMamba2(torch.autograd.Function):
     generate_vmap_rule = False
 
     @staticmethod
-    def forward(q, k, v, level_scales, log_decay, chunk_size, config):
+    def forward(q, k, v, level_scales, log_decay, chunk_size, config, backward=True):
         q, k, v, level_scales = kernel_layout(q, k, v, level_scales)
         B, T, H = v.shape[:3]
-        gc, gend = chunk_decay(log_decay, B, T, H, chunk_size, q.device, q.dtype)
-        o, tree = loglinear_forward(q, k, v, level_scales, gc, gend, chunk_size, config)
+        gc, gend = chunk_decay(log_decay, B, T, H, chunk_size, q.device, q.dtype, config.decay_sums_in_kernels)
+        o, tree = loglinear_forward(q, k, v, level_scales, gc, gend, chunk_size, config, residuals=backward)
         return (o, gc, gend, *tree)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        q, k, v, level_scales, log_decay, chunk_size, config = inputs
+        q, k, v, level_scales, log_decay, chunk_size, config = inputs[:7]
         _, gc, gend, nodes, residuals = output
         ctx.mark_non_differentiable(gc, gend, nodes, residuals)
         ctx.set_materialize_grads(False)  # no zero-filled gradients for the tree (as large as the states)
@@ -63,23 +65,23 @@ class LogLinearMamba2(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, *_):
         if do is None:
-            return None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None
         q, k, v, level_scales, gc, gend, *tree = ctx.saved_tensors
         q, k, v, level_scales = kernel_layout(q, k, v, level_scales)
-        dq, dk, dv, dlam, d_cum = loglinear_backward(
-            q, k, v, level_scales, gc, gend, FenwickTree(*tree), last_dim_contiguous(do), ctx.chunk_size, ctx.config
+        B, T, H = v.shape[:3]
+        grads = {} if ctx.decay_dtype is None else {"dlog_decay": v.new_empty(B, T, H, dtype=ctx.decay_dtype)}
+        dq, dk, dv, dlam, dg = loglinear_backward(
+            q, k, v, level_scales, gc, gend, FenwickTree(*tree), last_dim_contiguous(do), ctx.chunk_size, ctx.config,
+            grads,
         )
-        dg = None
-        if ctx.decay_dtype is not None:
-            dg = reverse_cumsum(d_cum, -1)[:, :, : q.shape[1]].transpose(1, 2).to(ctx.decay_dtype)
-        return dq, dk, dv, dlam, dg, None, None
+        return dq, dk, dv, dlam, None if ctx.decay_dtype is None else dg, None, None, None
 
     @staticmethod
-    def vmap(info, in_dims, q, k, v, level_scales, log_decay, chunk_size, config):
+    def vmap(info, in_dims, q, k, v, level_scales, log_decay, chunk_size, config, backward=True):
         """``[M, B, ...]`` -> ``[M·B, ...]``, one call, and back (unmapped inputs are expanded)."""
         M = info.batch_size
         args = [fold_into_batch(x, d, M) for x, d in zip((q, k, v, level_scales, log_decay), in_dims[:5])]
-        outputs = LogLinearMamba2.apply(*args, chunk_size, config)
+        outputs = LogLinearMamba2.apply(*args, chunk_size, config, backward)
         residuals_dim = 0 if outputs[4].numel() else None  # empty when the nodes are fp32
         return tuple(x.unflatten(0, (M, -1)) if x.numel() else x for x in outputs), (0, 0, 0, 0, residuals_dim)
 
@@ -100,12 +102,13 @@ def loglinear_mamba2(q, k, v, level_scales, log_decay=None, chunk_size: int = 64
         )
     chunk_size = max(chunk_size, 16)
     config = config or CONFIG
+    backward = torch.is_grad_enabled()  # without grad mode no backward can run through this call
     K, V = q.shape[-1], v.shape[-1]
     outputs = []
     for vs in range(0, V, MAX_BLOCK):
         parts = [
             LogLinearMamba2.apply(q[..., ks : ks + MAX_BLOCK], k[..., ks : ks + MAX_BLOCK], v[..., vs : vs + MAX_BLOCK],
-                                  level_scales, log_decay, chunk_size, config)[0]
+                                  level_scales, log_decay, chunk_size, config, backward)[0]
             for ks in range(0, K, MAX_BLOCK)
         ]
         outputs.append(parts[0] if len(parts) == 1 else sum(parts))

@@ -90,3 +90,16 @@ def test_profile_refuses_without_a_gpu():
 
     with pytest.raises(SystemExit):
         main(["--model", "gated_deltanet", "--lengths", "16"])
+
+
+def test_launch_configurations_from_the_command_line():
+    from loglin_edu.bench.measure import launch_config
+    from loglin_edu.kernels.config import LaunchConfig
+
+    assert launch_config("8,3,4,8") == LaunchConfig(head_group=8, block_levels=3, num_warps=4, tree_warps=8)
+    assert launch_config("tree_registers=true, tree_key_split=2,tree_block_levels=none,precision=exact") == LaunchConfig(
+        tree_registers=True, tree_key_split=2, tree_block_levels=None, precision="exact")
+    with pytest.raises(ValueError, match="G,M,W,TW or field=value"):
+        launch_config("8,3")
+    with pytest.raises(TypeError):
+        launch_config("no_such_field=1")

@@ -6,6 +6,8 @@ output; the benchmark's CPU tier. The interpreter is slow: shapes are small, chu
 several chunk levels out of a few hundred tokens.
 """
 
+import functools
+
 import pytest
 import torch
 
@@ -147,7 +149,7 @@ def test_16_bit_inputs_match_float64_of_the_same_rounded_inputs(precision):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("node_type", ["fp32 nodes", "16-bit nodes"])
+@pytest.mark.parametrize("node_type", ["fp32 nodes", "16-bit nodes", "16-bit nodes, register tree, sums in kernels"])
 def test_decay_gradient_does_not_grow_with_T_in_16_bit(node_type, monkeypatch):
     """``d log_decay`` is a reverse cumulative sum of terms whose total cancels; unless the backward
     uses exactly what the forward multiplied, its error grows like sqrt(T) (fp16, T = 2048: 7.9e-4
@@ -157,11 +159,12 @@ def test_decay_gradient_does_not_grow_with_T_in_16_bit(node_type, monkeypatch):
     from loglin_edu.kernels import step3_chunk_tree as chunk_tree
     from loglin_edu.kernels import step4_tree_backward as backward
 
-    if node_type == "16-bit nodes":
+    if node_type.startswith("16-bit nodes"):
         sixteen = lambda dtype, precision="fast": torch.float16  # noqa: E731
         monkeypatch.setattr(chunk_tree, "state_dtype", sixteen)
         monkeypatch.setattr(backward, "state_dtype", sixteen)
-    errors = accuracy((1, 2048, 2, 1, 16, 16), torch.float16, torch.device(DEVICE))["errors"]
+    config = LaunchConfig(tree_registers=True, grad_sums_in_kernels=True) if "register" in node_type else None
+    errors = accuracy((1, 2048, 2, 1, 16, 16), torch.float16, torch.device(DEVICE), config=config)["errors"]
     others = max(e for name, e in errors.items() if name != "dlog_decay")
     assert errors["dlog_decay"] <= 1.5 * others, errors
 
@@ -200,6 +203,161 @@ def test_backward_holds_the_node_gradients_next_to_one_head_share_at_most():
     node_grads, dk_shares, dv, k_dk = (4 * n for n in (B * H * (T // C) * K * V, B * T * H * K, B * T * H * V, B * H * T))
     peak = peak_new_bytes(lambda: loglinear_backward(q, k, v, lam, gc, gend, tree, do, C, config))
     assert peak == node_grads + dk_shares + dv + k_dk
+
+
+# --- launch variants: each computes the default's function -------------------------------------------
+
+VARIANT_SHAPES = [  # B, T, H, Hk, K, V, chunk size, block_levels
+    (2, 50, 3, 1, 8, 5, 16, 2),  # shared q/k, T off the chunk grid, a partial last block
+    (1, 200, 2, 2, 20, 30, 16, 2),  # per-head q/k, 2 levels above the blocks; K = 20: two key tiles of 16 rows
+    (1, 130, 2, 1, 40, 4, 16, 4),  # every level inside one partial block; K = 40: two key tiles of 32 rows
+    (2, 10, 2, 2, 3, 3, 32, 4),  # T < chunk
+]
+VARIANT_IDS = [f"T{s[1]}-H{s[2]}-Hk{s[3]}-K{s[4]}-m{s[7]}" for s in VARIANT_SHAPES]
+TREE_VARIANTS = {  # fields of LaunchConfig besides block_levels
+    "key-split": dict(tree_key_split=2, upper_row_split=4),
+    "registers": dict(tree_registers=True),
+    "registers-no-prefetch-key-split": dict(tree_registers=True, tree_prefetch=False, tree_key_split=4, upper_row_split=2),
+    "registers-m1": dict(tree_registers=True, tree_block_levels=1),
+}
+
+
+@functools.lru_cache
+def default_forward(shape):
+    """The inputs, o and tree of the default launch for a shape of :data:`VARIANT_SHAPES`."""
+    B, T, H, Hk, K, V, C, m = shape
+    q, k, v, lam, g = (x.float() for x in inputs(B, T, H, Hk, K, V, seed=T + 2))
+    gc, gend = chunk_decay(g, B, T, H, C, q.device)
+    return (q, k, v, lam, gc, gend), loglinear_forward(q, k, v, lam, gc, gend, C, LaunchConfig(block_levels=m))
+
+
+@pytest.mark.parametrize("variant", TREE_VARIANTS)
+@pytest.mark.parametrize("shape", VARIANT_SHAPES, ids=VARIANT_IDS)
+def test_tree_variants_build_the_default_tree_bit_for_bit(shape, variant):
+    """fp32: split key rows, the register schedule (pending nodes held, next chunk prefetched or not, the levels
+    above the blocks merged from the fp32 roots) and a smaller fused subtree store the same nodes in every slot
+    that is read, and give the same o, bit for bit."""
+    args, (ref, ref_tree) = default_forward(shape)
+    B, T, H, Hk, K, V, C, m = shape
+    out, tree = loglinear_forward(*args, C, LaunchConfig(block_levels=m, **TREE_VARIANTS[variant]))
+    N = -(-T // C)
+    assert torch.equal(tree.nodes[:, :, : N - 1], ref_tree.nodes[:, :, : N - 1])  # slot N - 1 has no reader
+    assert torch.equal(out, ref)
+
+
+def test_register_tree_keeps_16_bit_nodes_and_residuals_of_its_fp32_states(monkeypatch):
+    """16-bit nodes (fp16 here, as bf16 calls store them): the register schedule merges its children unrounded, so
+    each node plus its residual is its fp32 state to the residual's rounding — the state the fp32-node tree stores
+    (fp16 calls keep fp32 nodes)."""
+    from loglin_edu.kernels import step3_chunk_tree as chunk_tree
+
+    B, T, H, K, V, C = 1, 300, 2, 20, 12, 16
+    q, k, v, lam, g = (x.half() for x in inputs(B, T, H, 1, K, V, seed=4))
+    gc, gend = chunk_decay(g, B, T, H, C, q.device, q.dtype)
+    config = LaunchConfig(block_levels=2, tree_registers=True, tree_key_split=2)
+    exact = chunk_tree.build_tree(k, v, gc, gend, C, LaunchConfig(block_levels=2)).nodes  # fp32 nodes
+    monkeypatch.setattr(chunk_tree, "state_dtype", lambda dtype, precision="fast": torch.float16)
+    nodes, residuals = chunk_tree.build_tree(k, v, gc, gend, C, config)
+    assert nodes.dtype == residuals.dtype == torch.float16
+    N = -(-T // C)
+    kept = (nodes.float() + residuals.float())[:, :, : N - 1]
+    exact = exact[:, :, : N - 1]
+    assert ((kept - exact).abs() <= 2.0**-20 * exact.abs() + 2.0**-24).all()  # 2^-24: fp16's subnormal residuals
+
+
+def test_calls_without_grad_skip_the_residuals_only_the_backward_reads(monkeypatch):
+    """Without grad mode the register schedule stores no residuals (no merge reads them) and o is unchanged; the
+    default schedule merges through them and keeps them."""
+    from loglin_edu.kernels import step3_chunk_tree as chunk_tree
+
+    monkeypatch.setattr(chunk_tree, "state_dtype", lambda dtype, precision="fast": torch.float16)
+    q, k, v, lam, g = (x.half() for x in inputs(1, 100, 2, 1, 8, 8, seed=6))
+    passed = []
+    apply = kernels.LogLinearMamba2.apply
+    monkeypatch.setattr(kernels.LogLinearMamba2, "apply", lambda *a: passed.append(a[-1]) or apply(*a))
+    for config, kept in ((LaunchConfig(block_levels=2, tree_registers=True), False), (LaunchConfig(block_levels=2), True)):
+        with torch.no_grad():
+            out = kernels.loglinear_mamba2(q, k, v, lam, g, chunk_size=16, config=config)
+        assert passed[-1] is False
+        outputs = apply(q, k, v, lam, g, 16, config, False)
+        assert (outputs[4].numel() > 0) == kept
+        with_grad = kernels.loglinear_mamba2(q, k, v, lam, g, chunk_size=16, config=config)
+        assert passed[-1] is True
+        assert torch.equal(out, outputs[0]) and torch.equal(out, with_grad)
+
+
+GRAD_VARIANTS = {  # fields of LaunchConfig besides block_levels
+    "sums-in-kernels": dict(grad_sums_in_kernels=True),
+    "sums-in-kernels-group2": dict(grad_sums_in_kernels=True, grad_head_group=2),
+    "one-group": dict(grad_head_group=4),
+    "register-tree-one-group-in-kernels": dict(grad_sums_in_kernels=True, grad_head_group=4, tree_registers=True),
+    "decay-sums-in-kernels": dict(decay_sums_in_kernels=True),
+}
+GRAD_SHAPES = {"T40-shared": (1, 40, 4, 1, 8, 5, 16), "T40-heads": (1, 40, 2, 2, 20, 6, 16), "T10": (1, 10, 4, 1, 3, 3, 32)}
+
+
+@functools.lru_cache
+def default_grads(shape):
+    """o and every gradient of the default launch (block_levels=1: a level above the blocks at T = 40)."""
+    B, T, H, Hk, K, V, C = shape
+    args = [x.float() for x in inputs(B, T, H, Hk, K, V, seed=T + 3)]
+    return args, grads_of(lambda *a: kernels.loglinear_mamba2(*a, chunk_size=C, config=LaunchConfig(block_levels=1)), args)
+
+
+@pytest.mark.parametrize("variant", GRAD_VARIANTS)
+@pytest.mark.parametrize("shape", GRAD_SHAPES)
+def test_backward_variants_give_the_default_gradients(shape, variant):
+    """fp32: dq, dk summed over the head groups inside the kernels (or no groups: one program per chunk for every
+    head), d log_decay's reverse cumulative sum in two levels (inside each chunk, then over the chunks) and the
+    forward's decay sums by kernels give the default's o and gradients, to fp32 round-off (the order of the head
+    groups' sum or of the decay's sums differs)."""
+    args, (ref, ref_grads) = default_grads(GRAD_SHAPES[shape])
+    config = LaunchConfig(block_levels=1, **GRAD_VARIANTS[variant])
+    out, grads = grads_of(lambda *a: kernels.loglinear_mamba2(*a, chunk_size=GRAD_SHAPES[shape][-1], config=config), args)
+    assert_close(out.double(), ref.double(), rtol=1e-6, what=f"{variant}: o")
+    for name, a, b in zip(("dq", "dk", "dv", "dlevel_scales", "dlog_decay"), grads, ref_grads):
+        assert_close(a.double(), b.double(), rtol=1e-6, what=f"{variant}: {name}")
+
+
+@pytest.mark.parametrize("T, C", [(50, 16), (10, 32), (64, 16)], ids=["T50-off-the-grid", "T10-below-a-chunk", "T64"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_decay_sums_in_kernels_match_the_host_sums(T, C, dtype):
+    """gc (within-chunk sums) and gend (fp64 sums to each chunk's end) by the two small kernels equal PyTorch's scans
+    to the round-off of another order of addition, padded tokens decaying by nothing; log_decay read through its
+    strides (here a transposed view)."""
+    B, H = 2, 3
+    g = (-0.5 * torch.rand(B, H, T, generator=torch.Generator().manual_seed(T))).to(DEVICE, dtype).transpose(1, 2)
+    host = chunk_decay(g, B, T, H, C, g.device, dtype)
+    kernel = chunk_decay(g, B, T, H, C, g.device, dtype, in_kernels=True)
+    for name, a, b in zip(("gc", "gend"), kernel, host):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert_close(a.double(), b.double(), rtol=1e-6 if dtype == torch.float32 else 1e-14, what=name)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="counts the interpreter's allocations")
+def test_backward_sums_in_kernels_hold_no_more_memory():
+    """With the head groups' shares summed inside the kernels, dk's shares live on until the dq kernel has summed
+    them, next to dq's shares and dλ. The node gradients' moment stays the larger one when, per token, their
+    ``H·K·V / C`` fp32 numbers are twice a share's bytes, as in the benchmark (bf16 shares, ``H·K`` of them, and
+    ``V = C``); fp32 shares here, so ``V = 2C``."""
+    B, T, H, K, V, C = 1, 64, 2, 32, 32, 16
+    q, k, v, lam, g = (x.float() for x in inputs(B, T, H, 1, K, V))
+    gc, gend = chunk_decay(g, B, T, H, C, q.device)
+    do = torch.randn(B, T, H, V, generator=torch.Generator().manual_seed(3))
+    peaks = []
+    for config in (LaunchConfig(block_levels=1), LaunchConfig(block_levels=1, grad_sums_in_kernels=True)):
+        _, tree = loglinear_forward(q, k, v, lam, gc, gend, C, config)
+        peaks.append(peak_new_bytes(lambda: loglinear_backward(q, k, v, lam, gc, gend, tree, do, C, config)))
+    assert peaks[1] <= peaks[0], peaks
+
+
+def test_launch_knobs_are_checked():
+    with pytest.raises(ValueError, match="tree_key_split must be a power of two"):
+        LaunchConfig(tree_key_split=3)
+    with pytest.raises(ValueError, match="at most 6 levels"):
+        LaunchConfig(tree_registers=True, tree_block_levels=7)
+    assert LaunchConfig(tree_key_split=8).key_split(32) == (2 if interpreted() else 1)  # tiles >= 16 (64 on a GPU)
+    assert LaunchConfig(grad_head_group=4).grad_group(6) == 3 and LaunchConfig(head_group=2).grad_group(6) == 2
 
 
 def test_unknown_precision_is_refused():
@@ -271,13 +429,21 @@ def test_triton_form_is_for_log_linear_attention_only():
 # --- guard bands -----------------------------------------------------------------------------------
 
 
+GUARD_CONFIGS = {
+    "default": LaunchConfig(head_group=3, block_levels=1),
+    "variants": LaunchConfig(head_group=3, block_levels=1, tree_registers=True, upper_row_split=2, grad_head_group=1,
+                             grad_sums_in_kernels=True),
+}
+
+
+@pytest.mark.parametrize("launch", GUARD_CONFIGS)
 @pytest.mark.parametrize("shared", [True, False])
-def test_guard_bands_no_read_or_write_out_of_bounds(shared):
+def test_guard_bands_no_read_or_write_out_of_bounds(shared, launch):
     """Inputs and outputs are views into NaN-padded buffers: a read outside an input would bring NaN into
     the results, a write outside an output would overwrite a NaN of its pad."""
     B, T, H, K, V, C = 2, 45, 3, 5, 6, 16
     Hk = 1 if shared else H
-    config = LaunchConfig(head_group=3, block_levels=1)
+    config = GUARD_CONFIGS[launch]
     dense = [x.float() for x in inputs(B, T, H, Hk, K, V, seed=7)]
     views = [padded_copy(x)[1] for x in dense]
     q, k, v, lam, g = views
@@ -285,7 +451,8 @@ def test_guard_bands_no_read_or_write_out_of_bounds(shared):
     o_buffer, o = padded_view((B, T, H, V))
     _, tree = loglinear_forward(q, k, v, lam, gc, gend, C, config, out=o)
     buffers = {name: padded_view(shape) for name, shape in
-               [("dv", (B, T, H, V)), ("dlam", tuple(lam.shape))] + ([] if shared else [("dq", (B, T, H, K)), ("dk", (B, T, H, K))])}
+               [("dv", (B, T, H, V)), ("dlam", tuple(lam.shape)), ("dlog_decay", (B, T, H))]
+               + ([] if shared else [("dq", (B, T, H, K)), ("dk", (B, T, H, K))])}
     buffers["dlam"][1].zero_()
     do = torch.randn(B, T, H, V, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     grads = loglinear_backward(q, k, v, lam, gc, gend, tree, do, C, config,
@@ -295,7 +462,7 @@ def test_guard_bands_no_read_or_write_out_of_bounds(shared):
     ref_grads = loglinear_backward(*dense[:4], gc, gend, ref_tree, do, C, config)
     assert torch.equal(o, ref_out)
     for got, want in zip(grads, ref_grads):
-        assert torch.isfinite(got).all() and torch.equal(got, want)
+        assert torch.isfinite(got).all() and torch.equal(got, want.to(got.dtype))  # d log_decay: fp64 unless given
 
 
 # --- the benchmark's CPU tier ----------------------------------------------------------------------

@@ -75,3 +75,50 @@ def test_default_form_on_cuda_is_triton():
     calls = apply_calls(kernel.LogLinearMamba2, lambda: le.loglinear_attention(
         x, x, x, torch.rand(1, 100, 2, 8, device="cuda"), -torch.rand(1, 100, 2, device="cuda")))
     assert calls, "form=None on CUDA tensors did not take the Triton path"
+
+
+VARIANTS = {  # launch variants of LaunchConfig, each the default's function
+    "tree-key-split": dict(tree_key_split=2, tree_warps=8, upper_row_split=8),
+    "register-tree": dict(tree_registers=True, tree_key_split=2, upper_row_split=8),
+    "register-tree-8-warps": dict(tree_registers=True, tree_key_split=2, tree_warps=8, tree_max_registers=128),
+    "sums-in-kernels": dict(grad_sums_in_kernels=True),
+    "one-head-group": dict(grad_head_group=64, grad_sums_in_kernels=True),
+}
+VARIANT_CASES = [
+    ((3, 333, 3, 1, 40, 24), torch.bfloat16),
+    ((1, 4096, 8, 1, 128, 64), torch.bfloat16),
+    ((1, 65536, 2, 1, 128, 64), torch.bfloat16),
+    ((2, 1000, 4, 4, 64, 64), torch.float32),
+    ((1, 20000, 2, 2, 64, 64), torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("shape, dtype", VARIANT_CASES, ids=[case_id((s, d, None)) for s, d in VARIANT_CASES])
+def test_launch_variants_against_float64(shape, dtype, variant):
+    """Each launch variant meets the bound of its dtype against float64, as the default does."""
+    from loglin_edu.bench.accuracy import accuracy
+    from loglin_edu.kernels.config import LaunchConfig
+
+    result = accuracy(shape, dtype, torch.device("cuda"), config=LaunchConfig(**VARIANTS[variant]))
+    assert_errors_within(result, BOUND[dtype], f"{variant} {dtype} {shape}")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_launch_variants_compute_the_default_function_in_fp32(variant):
+    """fp32 (exact products): o and every gradient of a variant equal the default's to fp32 round-off."""
+    from loglin_edu.bench.accuracy import accuracy_inputs, relative_error
+    from loglin_edu.kernels.config import LaunchConfig
+    from loglin_edu.kernels.step5_loglinear_mamba2 import loglinear_mamba2
+
+    args = [x.cuda() for x in accuracy_inputs((1, 5000, 4, 1, 128, 64), torch.Generator().manual_seed(0))]
+    weights = torch.randn(1, 5000, 4, 64, generator=torch.Generator().manual_seed(1)).cuda()
+
+    def run(config):
+        leaves = [x.clone().requires_grad_(True) for x in args]
+        out = loglinear_mamba2(*leaves, config=config)
+        return [out.detach(), *torch.autograd.grad((out * weights).sum(), leaves)]
+
+    for name, a, b in zip(("o", "dq", "dk", "dv", "dlevel_scales", "dlog_decay"), run(LaunchConfig(**VARIANTS[variant])),
+                          run(LaunchConfig())):
+        assert relative_error(a, b) <= 1e-6, f"{variant}: {name} {relative_error(a, b):.1e}"

@@ -13,7 +13,7 @@ import torch
 from ..provenance import DEFAULT_RESULTS, device_slug, provenance, write_json
 from .accuracy import ACCURACY_SHAPES, DELTA_ACCURACY_SHAPES, accuracy, delta_accuracy
 from .implementations import BY_MODEL, CPU_ONLY, GPU_ONLY
-from .measure import benchmark, precision_ladder, variants
+from .measure import benchmark, launch_config, precision_ladder, variants
 from .report import plot, summary_table, with_floor
 from .settings import MODELS, SETTINGS, Setting
 
@@ -47,6 +47,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--variants", action="store_true", help="time our kernel under several launch configurations")
     parser.add_argument("--configs", nargs="*", metavar="G,M,W,TW",
                         help="--variants: launch configurations as head_group,block_levels,num_warps,tree_warps "
+                        "or as LaunchConfig fields, e.g. tree_registers=true,tree_key_split=2 "
                         "(gated_deltanet: value_tile,grad_value_tile,walk_warps,grad_warps,num_stages)")
     parser.add_argument("--precision", action="store_true",
                         help="time and measure the errors of every rung of LaunchConfig.precision at each length")
@@ -85,8 +86,8 @@ def main(argv=None) -> dict:
             configs = [DeltaLaunchConfig(value_tile=bv, grad_value_tile=gv, walk_warps=w, grad_warps=gw, num_stages=st)
                        for bv, gv, w, gw, st in chosen]
         else:
-            chosen = [tuple(int(x) for x in c.split(",")) for c in args.configs] if args.configs else VARIANTS
-            configs = [LaunchConfig(head_group=g, block_levels=m, num_warps=w, tree_warps=tw) for g, m, w, tw in chosen]
+            configs = ([launch_config(c) for c in args.configs] if args.configs else
+                       [LaunchConfig(head_group=g, block_levels=m, num_warps=w, tree_warps=tw) for g, m, w, tw in VARIANTS])
         result["variants"] = variants(s, s.lengths, configs, device)
     else:
         names = [n for n in BY_MODEL[args.model] if n not in (GPU_ONLY if device.type == "cpu" else CPU_ONLY)]

@@ -93,6 +93,28 @@ def ours_of(s: Setting):
     return "loglinear (ours, triton)", ours
 
 
+def launch_config(spec: str):
+    """A :class:`~loglin_edu.kernels.config.LaunchConfig` from the command line: ``"G,M,W,TW"`` (head_group,
+    block_levels, num_warps, tree_warps) or ``"field=value,..."`` with any of its fields (``true``/``false``,
+    ``none``, integers, or text), e.g. ``"tree_registers=true,tree_key_split=2,grad_sums_in_kernels=true"``."""
+    from ..kernels.config import LaunchConfig
+
+    if "=" not in spec:
+        parts = [int(x) for x in spec.split(",")]
+        if len(parts) != 4:
+            raise ValueError(f"a launch configuration is G,M,W,TW or field=value pairs, got {spec!r}")
+        return LaunchConfig(head_group=parts[0], block_levels=parts[1], num_warps=parts[2], tree_warps=parts[3])
+
+    def value(text: str):
+        words = {"true": True, "false": False, "none": None}
+        if text.lower() in words:
+            return words[text.lower()]
+        return int(text) if text.lstrip("-").isdigit() else text
+
+    fields = dict(item.split("=", 1) for item in spec.split(","))
+    return LaunchConfig(**{name.strip(): value(text.strip()) for name, text in fields.items()})
+
+
 def variants(s: Setting, lengths, configs, device) -> list[dict]:
     """Our kernel under each launch configuration: forward and forward+backward median ms."""
     rows = []

@@ -95,11 +95,14 @@ def device_times(run) -> dict[str, list]:
     return times
 
 
-def profile_step(name: str, inputs: dict, steps: int = 5, times=device_times) -> list[dict]:
+def profile_step(name: str, inputs: dict, steps: int = 5, times=device_times, config=None) -> list[dict]:
     """Device time per step of every kernel ``IMPLEMENTATIONS[name]`` launches in its forward and in its backward,
     largest first within each phase: ``[{kernel, phase, calls, ms}]`` (calls and ms per step). ``times`` is
-    :func:`device_times` or a function like it."""
+    :func:`device_times` or a function like it; ``config``: a launch configuration of our kernel (``name`` one of
+    :data:`OURS`)."""
     fn, names = IMPLEMENTATIONS[name]
+    if config is not None:
+        fn = functools.partial(fn, config=config)
     leaves = [inputs[n] for n in names]
     for leaf in leaves:
         leaf.requires_grad_(True)
@@ -176,16 +179,23 @@ def with_registers(row: dict, compiled: list[dict]) -> dict:
     return row
 
 
+SAME_WORK = {"fenwick_block_kernel": "fenwick_tree_kernel"}
+"""Kernels of a launch variant that do another kernel's counted work (:func:`kernel_work`)."""
+
+
 def profile_lengths(s: Setting, lengths, name: str, steps: int = 5, device="cuda", times=device_times,
-                    compiled=compiled_kernels) -> list[dict]:
+                    compiled=compiled_kernels, config=None) -> list[dict]:
     """:func:`profile_step` at every length, each kernel with its counted flops, fraction of its floor, and
-    registers (``compiled``: :func:`compiled_kernels` or a function like it)."""
+    registers (``compiled``: :func:`compiled_kernels` or a function like it); ``config`` as there."""
     out = []
     for T in lengths:
         B = s.tokens // T
         inputs = prepare(B, T, s, device)
-        kernels = profile_step(name, inputs, steps, times)
+        kernels = profile_step(name, inputs, steps, times, config)
         work, table = kernel_work(B, T, s), compiled()
+        for name_as, name_of in SAME_WORK.items():
+            if name_of in work:
+                work[name_as] = work[name_of]
         for row in kernels:
             with_registers(row, table)
             flops = next((f for k, f in work.items() if k in row["kernel"]), None)
@@ -219,11 +229,15 @@ def main(argv=None) -> dict:
     parser.add_argument("--only", nargs="*", help="implementations to profile (names of "
                         "loglin_edu.bench.implementations; default: the model's Triton kernels)")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--config", help="a launch configuration of our log-linear Mamba-2 kernel, as "
+                        "python -m loglin_edu.bench --variants --configs takes it (e.g. tree_registers=true)")
     parser.add_argument("--out", type=Path, help=f"results JSON (default {DEFAULT_RESULTS}/kernels_profile_<device>"
                         ".json, kernels_gdn_profile_<device>.json for gated_deltanet)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("profiling needs a CUDA GPU")
+    if args.config and args.model != "loglinear_mamba2":
+        parser.error("--config is a launch configuration of the log-linear Mamba-2 kernels")
     s = replace(SETTINGS[args.model, "gpu"], lengths=tuple(args.lengths))
     command = " ".join(sys.argv[1:] if argv is None else argv)
     result = provenance(f"python -m loglin_edu.bench.profile {command}", "cuda")
@@ -231,8 +245,14 @@ def main(argv=None) -> dict:
     result["profiles"] = []
     prefix = "kernels_gdn" if args.model == "gated_deltanet" else "kernels"
     out = args.out or DEFAULT_RESULTS / f"{prefix}_profile_{device_slug()}.json"
+    config = None
+    if args.config:
+        from .measure import launch_config
+
+        config = launch_config(args.config)
+        result["config"] = asdict(config)
     for name in args.only or [OURS[args.model]]:
-        result["profiles"] += profile_lengths(s, s.lengths, name, args.steps)
+        result["profiles"] += profile_lengths(s, s.lengths, name, args.steps, config=config)
         result["compiled_kernels"] = compiled_kernels()
         write_json(out, result)
     print(f"wrote {out}")
