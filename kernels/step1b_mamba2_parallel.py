@@ -248,8 +248,7 @@ def block_dq_kernel(
     by the forward walk of block ``β`` (the state's rows of those keys, from the forward's scanned states).
     dq: ``[B, T, H, K]`` (strides ``sdq*``; with q shared, this head's share). dg: fp32 ``[2, BK / KS, B, H, N·C]``;
     plane ``(0, j)`` receives these keys' part of the query side ``Q̂_t · (S dO_t)``."""
-    NJ: tl.constexpr = BK // KS
-    i_j, i_blk = tl.program_id(0) % NJ, tl.program_id(0) // NJ
+    i_j, i_blk = tl.program_id(0) % (BK // KS), tl.program_id(0) // (BK // KS)
     i_h, i_b = tl.program_id(1), tl.program_id(2)
     bh = (i_b * H + i_h).to(tl.int64)
     rk, rv = i_j * KS + tl.arange(0, KS), tl.arange(0, BV)
@@ -292,8 +291,7 @@ def block_dk_kernel(
     V dSᵀ`` by the reverse walk of block ``β`` from ``dS_{β+1}`` (those rows of slot ``β + 1`` of the scanned dstate;
     zero for the last block), stored as dq of :func:`block_dq_kernel`. dg: plane ``(1, j)`` receives these keys'
     part of the key side ``K̂_t · (dS V_t)``."""
-    NJ: tl.constexpr = BK // KS
-    i_j, i_blk = tl.program_id(0) % NJ, tl.program_id(0) // NJ
+    i_j, i_blk = tl.program_id(0) % (BK // KS), tl.program_id(0) // (BK // KS)
     i_h, i_b = tl.program_id(1), tl.program_id(2)
     bh = (i_b * H + i_h).to(tl.int64)
     rk, rv = i_j * KS + tl.arange(0, KS), tl.arange(0, BV)
@@ -303,7 +301,7 @@ def block_dk_kernel(
     do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh
     dk_ptr += i_b.to(tl.int64) * sdkb + i_h * sdkh
     gc_ptr += bh * N * C
-    dg_ptr += ((NJ + i_j) * tl.num_programs(2) * H + bh) * N * C
+    dg_ptr += ((BK // KS + i_j) * tl.num_programs(2) * H + bh) * N * C
     d_state = load_state(dstate_ptr + bh * NB * BK * BV, tl.minimum(i_blk + 1, NB - 1), i_blk + 1 < NB, rk, BK, BV)
     d_state = d_state.to(gc_ptr.dtype.element_ty)
     c_end = tl.minimum(i_blk * W + W, N)
@@ -337,7 +335,6 @@ def block_dv_kernel(
     for ``dv = ((Q Kᵀ) ⊙ E)ᵀ dO + K̂ dS``: ``[B, T, H, V]`` (strides ``sdv*``). dg: fp32 ``[B, H, N·C]`` receives the
     gradient of the cumulative decay ``G``: the chunk's own part ``rowsum(D) - colsum(D)`` plus the planes of
     dg_sides (:func:`block_dq_kernel`'s query side less :func:`block_dk_kernel`'s key side)."""
-    NJ: tl.constexpr = BK // KS
     i_blk, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bh = (i_b * H + i_h).to(tl.int64)
     rk, rv = tl.arange(0, BK), tl.arange(0, BV)
@@ -356,8 +353,8 @@ def block_dv_kernel(
         c = c_end - 1 - step
         t = c * C + tl.arange(0, C)
         d_cum = tl.zeros((C,), dtype=gc_ptr.dtype.element_ty)
-        for j in tl.static_range(NJ):  # what the dq walks (query side, the chunk's own part) and dk walks found
-            d_cum += tl.load(dg_sides_ptr + j * plane + t) - tl.load(dg_sides_ptr + (NJ + j) * plane + t)
+        for j in tl.static_range(BK // KS):  # what the dq walks (query side, own part) and dk walks (key side) found
+            d_cum += tl.load(dg_sides_ptr + j * plane + t) - tl.load(dg_sides_ptr + (BK // KS + j) * plane + t)
         tl.store(dg_ptr + t, d_cum)
         q, k, scores = load_qk_scores(q_ptr, k_ptr, sqt, t, T, rk, K, IP)
         gc = tl.load(gc_ptr + t)
