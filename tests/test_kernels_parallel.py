@@ -115,3 +115,17 @@ def test_step1b_head_sum_adds_the_shares_in_order():
 def test_linear_launch_config_rejects_bad_values(field, value):
     with pytest.raises(ValueError, match=field):
         LinearLaunchConfig(**{field: value})
+
+
+def test_benchmark_times_step1b_under_its_launch_variants(tmp_path):
+    """``--variants --linear`` times step 1b under each LinearLaunchConfig it is given (its own row beside step 1's
+    is in the benchmark's CPU tier, test_kernels.py)."""
+    from loglin_edu.bench.__main__ import main
+    from loglin_edu.bench.implementations import BY_MODEL
+
+    assert "mamba2 linear (ours, triton chunk-parallel)" in BY_MODEL["loglinear_mamba2"]
+    result = main(["--tier", "cpu", "--variants", "--linear", "--lengths", "16", "--configs", "1,16,4,1",
+                   "--quiet", "--out", str(tmp_path / "v.json")])
+    [row] = result["variants"]
+    assert (row["config"]["block_chunks"], row["config"]["key_split"]) == (1, 16)
+    assert "forward_backward_ms" in row, row

@@ -20,11 +20,11 @@ def ours_linear(inputs):
     return mamba2_triton(x["q"], x["k"], x["v"], x["log_decay"])
 
 
-def ours_linear_parallel(inputs):
+def ours_linear_parallel(inputs, config=None):
     from ..kernels.step1b_mamba2_parallel import mamba2_triton_parallel
 
     x = inputs
-    return mamba2_triton_parallel(x["q"], x["k"], x["v"], x["log_decay"])
+    return mamba2_triton_parallel(x["q"], x["k"], x["v"], x["log_decay"], config=config)
 
 
 def torch_chunkwise(inputs):
