@@ -39,9 +39,11 @@ reverse, ``dS_c = exp(g_c) dS_{c+1} + Q̂_cᵀ dO_c`` (``Q̂ = diag(exp(gc)) Q``
    q, k are stored directly.
 
 ``dq`` and ``dk`` need only the state's rows of their own keys, so their walks split the keys in blocks of
-64 columns (``LinearLaunchConfig.key_split``): a program then holds a ``[64, V]`` state and a ``[C, 64]``
-gradient instead of twice that, which keeps a walk step of 8 warps within the registers. ``dv`` sums over
-all keys and walks them whole.
+64 columns (``LinearLaunchConfig.key_split``): a program then holds a ``[64, V]`` state and ``[C, 64]``
+gradients instead of twice that. Registers decide the speed of a walk: step 1's backward keeps a state and
+tiles of dq, dk and dv live in one program, and as compiled for Hopper it spills kilobytes per thread to
+local memory at every step; each walk here keeps one state and one gradient. ``dv`` sums over all keys and
+walks them whole.
 
 ``W`` (``LinearLaunchConfig.block_chunks``) is the knob between two extremes: ``W = N`` is step 1 (one
 block: launches 1, 2, 4, 5 are skipped); ``W = 1`` is the fully chunk-parallel form (every chunk's state
@@ -51,9 +53,17 @@ scanned and read per *block*, against the ``C·(K + 2V)`` 16-bit numbers of q, k
 (32 KB at ``C = 64``). At ``W = 1`` the states would be most of the traffic; at ``W = 16`` they add a
 sixteenth to the forward's, and the grid has ``B·H·N / 16`` programs of at most 16 steps at every ``T``.
 At ``B·T = 65,536``, 48 heads, ``C = 64``: 3,072 programs (6,144 for dq and dk), as many as step 1 has
-at ``T = 1,024`` only. Work per chunk and head: step 1's, plus ``K̂ᵀ V`` (forward) and ``Q̂ᵀ dO``
-(backward) once more for the block totals, ``(dO Vᵀ)`` once per key block, and the state products of the
-decay's gradient in two parts (below).
+at ``T = 1,024`` only.
+
+Cost per chunk and head at ``C = 64``, ``K = 128``, ``V = 64`` (product flops; 16-bit tiles of 8 KB for v,
+dO, o, dv and 16 KB for a share of dq or dk; q, k shared by the heads are read from L2). Forward: 3.7 MFLOP,
+step 1's, plus 1.0 for the block totals; v read twice, o written once, 32 KB of block states per 16 chunks.
+Backward: 15.2 MFLOP (plus 1.0 for the block totals) against step 1's 10.0 — ``(dO Vᵀ)`` once per walk and
+key block, the state products of the decay's gradient in two parts (below), each walk its own state
+update — and about 115 KB moved, as step 1's 104 KB: v and dO read by each walk, dv written, the dq and dk
+shares written and read back by the head sum (64 KB of it). At the benchmark's 49,152 chunk-heads that is
+0.23 + 0.75 TFLOP and 0.8 + 5.8 GB, so the backward is bound by memory (about 1.3 ms at 4.3 TB/s) rather
+than by its products (about 1 ms at 790 TFLOP/s), at every ``T``.
 
 The decay's gradient is step 1's, ``∂L/∂G_t = q_t · dq_t - k_t · dk_t``; its reverse cumulative sum over
 ``T`` tokens carries every rounding that does not cancel to all earlier tokens, so the walks keep the
@@ -62,9 +72,9 @@ forward's roundings (as step 4 does):
 - inside a chunk, ``q_t · dq_t - k_t · dk_t`` is ``rowsum(D) - colsum(D)`` of one fp32 matrix
   ``D = (dO Vᵀ) ⊙ (Q Kᵀ) ⊙ E`` (a sum over key blocks), whose large diagonal cancels exactly;
 - between chunks, the query side ``Q̂_t · (S dO_t)`` and the key side ``K̂_t · (dS V_t)`` use the 16-bit
-  ``Q̂, K̂`` from which ``dS`` and ``S`` are built, and the fp32 ``S, dS`` enter those products in two
-  bf16 parts (exact). Summed over the chunks after a token, the two sides then cancel but for the pairs
-  that straddle it, as in exact arithmetic.
+  ``Q̂, K̂`` (rounded to the input type) from which ``dS`` and ``S`` are built, and the fp32 ``S, dS`` enter
+  those products in two bf16 parts (exact; fp16 calls in tf32, fp32 calls exactly). Summed over the chunks
+  after a token, the two sides then cancel but for the pairs that straddle it, as in exact arithmetic.
 
 The dq walks store the query side and the chunk's own part, the dk walks the key side, one fp32 plane per
 key block; the dv walk adds the planes into the one output ``dG: [B, H, N·C]``, whose reverse cumulative
@@ -247,7 +257,8 @@ def block_dq_kernel(
     """Grid ``(BK / KS · NB, H, B)``: key columns ``KS·j ..`` of ``dq = ((dO Vᵀ) ⊙ E) K + diag(exp(gc)) dO Sᵀ``
     by the forward walk of block ``β`` (the state's rows of those keys, from the forward's scanned states).
     dq: ``[B, T, H, K]`` (strides ``sdq*``; with q shared, this head's share). dg: fp32 ``[2, BK / KS, B, H, N·C]``;
-    plane ``(0, j)`` receives these keys' part of the query side ``Q̂_t · (S dO_t)``."""
+    plane ``(0, j)`` receives these keys' part of the query side ``Q̂_t · (S dO_t)`` and of the chunk's own part
+    ``rowsum(D) - colsum(D)``."""
     i_j, i_blk = tl.program_id(0) % (BK // KS), tl.program_id(0) // (BK // KS)
     i_h, i_b = tl.program_id(1), tl.program_id(2)
     bh = (i_b * H + i_h).to(tl.int64)
@@ -287,9 +298,10 @@ def block_dk_kernel(
     C: tl.constexpr, W: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KS: tl.constexpr,
     IP: tl.constexpr, BF16: tl.constexpr,
 ):
-    """Grid ``(BK / KS · NB, H, B)``: key columns ``KS·j ..`` of ``dk = ((dO Vᵀ) ⊙ E)ᵀ Q + diag(exp(gc_last - gc))
-    V dSᵀ`` by the reverse walk of block ``β`` from ``dS_{β+1}`` (those rows of slot ``β + 1`` of the scanned dstate;
-    zero for the last block), stored as dq of :func:`block_dq_kernel`. dg: plane ``(1, j)`` receives these keys'
+    """Grid ``(BK / KS · NB, H, B)``: key columns ``KS·j ..`` of
+    ``dk = ((dO Vᵀ) ⊙ E)ᵀ Q + diag(exp(gc_last - gc)) V dSᵀ`` by the reverse walk of block ``β`` from
+    ``dS_(β+1)`` (those rows of slot ``β + 1`` of the scanned dstate; zero for the last block), stored as dq of
+    :func:`block_dq_kernel`. dg: plane ``(1, j)`` receives these keys'
     part of the key side ``K̂_t · (dS V_t)``."""
     i_j, i_blk = tl.program_id(0) % (BK // KS), tl.program_id(0) // (BK // KS)
     i_h, i_b = tl.program_id(1), tl.program_id(2)
@@ -331,10 +343,10 @@ def block_dv_kernel(
     C: tl.constexpr, W: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KS: tl.constexpr, IP: tl.constexpr,
     BF16: tl.constexpr,
 ):
-    """Grid ``(NB, H, B)``: the reverse walk of block ``β`` from ``dS_{β+1}`` (as :func:`block_dk_kernel`, all rows)
-    for ``dv = ((Q Kᵀ) ⊙ E)ᵀ dO + K̂ dS``: ``[B, T, H, V]`` (strides ``sdv*``). dg: fp32 ``[B, H, N·C]`` receives the
-    gradient of the cumulative decay ``G``: the chunk's own part ``rowsum(D) - colsum(D)`` plus the planes of
-    dg_sides (:func:`block_dq_kernel`'s query side less :func:`block_dk_kernel`'s key side)."""
+    """Grid ``(NB, H, B)``: the reverse walk of block ``β`` from ``dS_(β+1)`` (as :func:`block_dk_kernel`, all
+    rows) for ``dv = ((Q Kᵀ) ⊙ E)ᵀ dO + K̂ dS``: ``[B, T, H, V]`` (strides ``sdv*``). dg: fp32 ``[B, H, N·C]``
+    receives the gradient of the cumulative decay ``G``, the planes of dg_sides added up: the query side and the
+    chunk's own part (:func:`block_dq_kernel`) less the key side (:func:`block_dk_kernel`)."""
     i_blk, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bh = (i_b * H + i_h).to(tl.int64)
     rk, rv = tl.arange(0, BK), tl.arange(0, BV)
