@@ -73,7 +73,7 @@ forward's roundings (as step 4 does):
   ``D = (dO Vᵀ) ⊙ (Q Kᵀ) ⊙ E`` (a sum over key blocks), whose large diagonal cancels exactly;
 - between chunks, the query side ``Q̂_t · (S dO_t)`` and the key side ``K̂_t · (dS V_t)`` use the 16-bit
   ``Q̂, K̂`` (rounded to the input type) from which ``dS`` and ``S`` are built, and the fp32 ``S, dS`` enter
-  those products in two bf16 parts (exact; fp16 calls in tf32, fp32 calls exactly). Summed over the chunks
+  those products in two bf16 parts (exact; fp16 calls in tf32x3, fp32 calls exactly). Summed over the chunks
   after a token, the two sides then cancel but for the pairs that straddle it, as in exact arithmetic.
 
 The dq walks store the query side and the chunk's own part, the dk walks the key side, one fp32 plane per
@@ -116,14 +116,14 @@ def times_state(x, state, IP: tl.constexpr, BF16: tl.constexpr):
 
 
 @triton.jit
-def times_state_t(x, state, IP: tl.constexpr, BF16: tl.constexpr):
+def times_state_t(x, state, IPX: tl.constexpr, BF16: tl.constexpr):
     """``x Sᵀ`` for ``x: [C, BV]`` in the input type and the fp32 (fp64) state ``S: [BK, BV]``: ``[C, BK]``, as
     exact as the decay's gradient needs: bf16 inputs multiply ``S`` as two bf16 parts (:func:`~.tiles.split16`,
-    exact products), fp16 inputs in fp32 (tf32), fp32 inputs exactly."""
+    exact products); others in the state's type at precision IPX (:func:`exact_precision`)."""
     if BF16:
         high, low = split16(state, x.dtype)
-        return tl.dot(x, tl.trans(high), input_precision=IP) + tl.dot(x, tl.trans(low), input_precision=IP)
-    return tl.dot(x.to(state.dtype), tl.trans(state), input_precision=IP)
+        return tl.dot(x, tl.trans(high)) + tl.dot(x, tl.trans(low))
+    return tl.dot(x.to(state.dtype), tl.trans(state), input_precision=IPX)
 
 
 @triton.jit
@@ -252,7 +252,7 @@ def block_dq_kernel(
     T, N, NB, H, K, V,
     sqb, sqt, sqh, svb, svt, svh, sdob, sdot, sdoh, sdqb, sdqt, sdqh,
     C: tl.constexpr, W: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KS: tl.constexpr,
-    IP: tl.constexpr, BF16: tl.constexpr,
+    IP: tl.constexpr, IPX: tl.constexpr, BF16: tl.constexpr,
 ):
     """Grid ``(BK / KS · NB, H, B)``: key columns ``KS·j ..`` of ``dq = ((dO Vᵀ) ⊙ E) K + diag(exp(gc)) dO Sᵀ``
     by the forward walk of block ``β`` (the state's rows of those keys, from the forward's scanned states).
@@ -276,7 +276,7 @@ def block_dq_kernel(
         t = c * C + tl.arange(0, C)
         do = load_tile(do_ptr, sdot, t, T, rv, V)
         gc = tl.load(gc_ptr + t)
-        from_state = times_state_t(do, state, IP, BF16)  # dO Sᵀ, [C, KS]
+        from_state = times_state_t(do, state, IPX, BF16)  # dO Sᵀ, [C, KS]
         q, k, scores = load_qk_scores(q_ptr, k_ptr, sqt, t, T, rk, K, IP)  # these keys' share of Q Kᵀ
         d_cum = tl.sum(decayed_queries(q, gc, do.dtype).to(from_state.dtype) * from_state, 1)
         dq = from_state * tl.exp(gc)[:, None]
@@ -296,7 +296,7 @@ def block_dk_kernel(
     T, N, NB, H, K, V,
     sqb, sqt, sqh, svb, svt, svh, sdob, sdot, sdoh, sdkb, sdkt, sdkh,
     C: tl.constexpr, W: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KS: tl.constexpr,
-    IP: tl.constexpr, BF16: tl.constexpr,
+    IP: tl.constexpr, IPX: tl.constexpr, BF16: tl.constexpr,
 ):
     """Grid ``(BK / KS · NB, H, B)``: key columns ``KS·j ..`` of
     ``dk = ((dO Vᵀ) ⊙ E)ᵀ Q + diag(exp(gc_last - gc)) V dSᵀ`` by the reverse walk of block ``β`` from
@@ -323,7 +323,7 @@ def block_dk_kernel(
         v = load_tile(v_ptr, svt, t, T, rv, V)
         gc = tl.load(gc_ptr + t)
         g_last = tl.load(gc_ptr + c * C + C - 1)
-        from_state = times_state_t(v, d_state, IP, BF16)  # V dSᵀ, [C, KS]
+        from_state = times_state_t(v, d_state, IPX, BF16)  # V dSᵀ, [C, KS]
         k = load_tile(k_ptr, sqt, t, T, rk, K)
         tl.store(dg_ptr + t, tl.sum(decayed_keys(k, gc, g_last, v.dtype).to(from_state.dtype) * from_state, 1))
         dk = from_state * tl.exp(g_last - gc)[:, None]
@@ -395,6 +395,13 @@ def head_sum_kernel(
     for h in range(H):
         total += tl.load(share_ptr + (r[:, None].to(tl.int64) * H + h) * K + cols[None, :], mask=mask, other=0.0)
     tl.store(out_ptr + r[:, None].to(tl.int64) * K + cols[None, :], total.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def exact_precision(dtype: torch.dtype) -> str:
+    """``tl.dot`` precision of the state products of the decay's gradient in fp16 and fp32 calls: tf32x3 (three
+    tf32 passes, about fp32 accuracy: a single tf32 pass would round the state to 2^-11, which does not cancel)
+    for fp16, exact for fp32 and fp64. bf16 calls multiply the state in two bf16 parts instead."""
+    return "tf32x3" if dtype == torch.float16 else "ieee"
 
 
 def block_count(T: int, chunk_size: int, block_chunks: int) -> tuple[int, int]:
@@ -481,11 +488,11 @@ def parallel_backward(q, k, v, gc, gend, states, do, chunk_size: int = 64,
                do.stride(2))
     block_dq_kernel[(BK // KS * NB, H, B)](
         q, k, v, gc, states if NB > 1 else gc, do, dq, d_sides, T, N, NB, H, K, V,
-        *strides, dq.stride(0), dq.stride(1), dq.stride(2), KS=KS, **common,
+        *strides, dq.stride(0), dq.stride(1), dq.stride(2), KS=KS, IPX=exact_precision(q.dtype), **common,
     )
     block_dk_kernel[(BK // KS * NB, H, B)](
         q, k, v, gc, d_states if NB > 1 else gc, do, dk, d_sides, T, N, NB, H, K, V,
-        *strides, dk.stride(0), dk.stride(1), dk.stride(2), KS=KS, **common,
+        *strides, dk.stride(0), dk.stride(1), dk.stride(2), KS=KS, IPX=exact_precision(q.dtype), **common,
     )
     block_dv_kernel[(NB, H, B)](
         q, k, gc, d_states if NB > 1 else gc, do, dv, d_cum, d_sides, T, N, NB, H, K, V,
