@@ -9,6 +9,10 @@ The ladder, one file per step, each checked against the step before and against 
 
 1. :mod:`~loglin_edu.kernels.step1_mamba2_chunked` — chunked Mamba-2 (linear attention with scalar decay):
    one program walks the chunks of one head, its ``K × V`` state in registers. Forward and backward.
+
+   1b. :mod:`~loglin_edu.kernels.step1b_mamba2_parallel` — the same function without the long walk: blocks of
+   chunks walked in parallel, their states passed on by a short scan (Mamba-2's state passing); the
+   backward mirrors it. Its time no longer grows with ``T`` at a fixed number of tokens.
 2. :mod:`~loglin_edu.kernels.step2_intra_chunk` — the log-linear intra-chunk product: the ``C × C`` level
    pattern ``λ[i, level(i, j)]`` applied inside a chunk (levels ``0..log2 C``).
 3. :mod:`~loglin_edu.kernels.step3_chunk_tree` — the inter-chunk levels: a Fenwick tree of ``K × V`` states
@@ -35,17 +39,17 @@ Decoding: :mod:`~loglin_edu.kernels.decode_step` — one token of log-linear Mam
 
 Shared by the steps: :mod:`~loglin_edu.kernels.tiles` (the Triton helpers: tiles in and out, the decay and
 level patterns of a chunk), :mod:`~loglin_edu.kernels.inputs` (the decay's prefix sums, prepared before the
-kernels that read them) and :mod:`~loglin_edu.kernels.config` (tile widths, the precision ladder, :class:`LaunchConfig` and
-:class:`DeltaLaunchConfig`).
+kernels that read them) and :mod:`~loglin_edu.kernels.config` (tile widths, the precision ladder,
+:class:`LaunchConfig`, :class:`LinearLaunchConfig` and :class:`DeltaLaunchConfig`).
 """
 
 from __future__ import annotations
 
 import os
 
-from .config import DeltaLaunchConfig, LaunchConfig
+from .config import DeltaLaunchConfig, LaunchConfig, LinearLaunchConfig
 
-__all__ = ["DeltaLaunchConfig", "LaunchConfig", "interpreted"]
+__all__ = ["DeltaLaunchConfig", "LaunchConfig", "LinearLaunchConfig", "interpreted"]
 
 
 def interpreted() -> bool:

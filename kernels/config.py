@@ -189,6 +189,28 @@ def largest_divisor(n: int, at_most: int) -> int:
     return max(d for d in range(1, min(at_most, n) + 1) if n % d == 0)
 
 
+@dataclass(frozen=True)
+class LinearLaunchConfig:
+    """Knobs of the chunk-parallel linear Mamba-2 kernels (step 1b); every value computes the same function.
+
+    block_chunks: ``W``, the chunks one program walks (a block); states pass between blocks by a scan;
+    key_split: key columns one program of the backward's dq and dk walks carries (its rows of the state);
+    num_warps: warps per program of every walk; num_stages: software-pipelining stages of the walks (2: the
+        next chunk's tiles load while this one computes).
+    """
+
+    block_chunks: int = 16
+    key_split: int = 64
+    num_warps: int = 8
+    num_stages: int = 2
+
+    def __post_init__(self) -> None:
+        if self.block_chunks < 1:
+            raise ValueError(f"block_chunks must be >= 1, got {self.block_chunks}")
+        if self.key_split < 16 or self.key_split & (self.key_split - 1):
+            raise ValueError(f"key_split must be a power of two >= 16, got {self.key_split}")
+
+
 DELTA_PRECISIONS = ("fast", "exact")
 """How the delta-rule kernels (steps 6-9) multiply fp32 blocks in 16-bit calls (``DeltaLaunchConfig.precision``):
 ``"fast"`` in tf32, ``"exact"`` in tf32x3 (about fp32 accuracy). Every intermediate they store (the WY factors,

@@ -15,7 +15,9 @@ the simplest kernel that is right, and the one every later step is checked again
 Memory traffic: each of q, k, v read once and o written once, ``T·(2K + 2V)`` elements per head: the
 floor. The catch is the walk: ``N = T / C`` dependent steps per program and only ``B·H·V/BV``
 programs. At B = 1, T = 65,536 and 48 heads that is 48 programs for 132 multiprocessors, each taking
-1,024 steps in a row: latency-bound. Step 3 removes the walk.
+1,024 steps in a row: latency-bound. Step 1b (:mod:`.step1b_mamba2_parallel`) removes the walk for this
+model: short walks over blocks of chunks in parallel, their states passed on by a scan; step 3 does it for
+the log-linear levels, with a tree.
 
 Backward, by the same walk twice: forward again for ``dq = ((dO Vᵀ) ⊙ E) K + diag(exp(gc)) dO S_cᵀ``;
 then in reverse, carrying ``dS`` (the gradient of the state entering the next chunk), for

@@ -6,6 +6,7 @@
     python -m loglin_edu.bench --tier cpu --out /tmp/bench.json   # tiny, under Triton's interpreter
     python -m loglin_edu.bench --accuracy          # errors of every output and gradient against float64
     python -m loglin_edu.bench --variants          # our kernel under several launch configurations
+    python -m loglin_edu.bench --variants --linear # the chunk-parallel linear Mamba-2 (kernel step 1b), likewise
     python -m loglin_edu.bench --precision         # time and errors of every rung of the precision ladder
     python -m loglin_edu.bench --decode            # one decoding step against a KV cache and Mamba-2's step
 

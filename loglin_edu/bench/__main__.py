@@ -23,6 +23,10 @@ VARIANTS = ((1, 4, 4, 4), (8, 4, 4, 4), (8, 4, 8, 4), (48, 4, 8, 4), (8, 3, 4, 8
 """``--variants`` without ``--configs``: (head_group, block_levels, num_warps, tree_warps) of each run."""
 DELTA_VARIANTS = ((64, 32, 8, 8, 1), (32, 32, 4, 8, 1), (64, 32, 8, 8, 2), (32, 32, 8, 4, 2), (64, 64, 8, 8, 1))
 """``--model gated_deltanet --variants``: (value_tile, grad_value_tile, walk_warps, grad_warps, num_stages) of each run."""
+LINEAR_VARIANTS = ((16, 64, 8, 2), (16, 64, 8, 1), (16, 32, 8, 2), (16, 32, 4, 2), (8, 64, 8, 2), (32, 64, 8, 2),
+                   (1, 64, 8, 2))
+"""``--variants --linear``: (block_chunks, key_split, num_warps, num_stages) of the chunk-parallel linear Mamba-2
+(step 1b), each run; block_chunks = 1 is the fully chunk-parallel extreme."""
 
 
 def main(argv=None) -> dict:
@@ -45,10 +49,14 @@ def main(argv=None) -> dict:
                         "kernels_gdn_<device>.json for gated_deltanet, relative to the directory the command runs in)")
     parser.add_argument("--accuracy", action="store_true", help="measure errors against float64 instead of speed")
     parser.add_argument("--variants", action="store_true", help="time our kernel under several launch configurations")
+    parser.add_argument("--linear", action="store_true",
+                        help="--variants: the chunk-parallel linear Mamba-2 (kernel step 1b) instead of our log-linear "
+                        "kernel, under LinearLaunchConfig variants")
     parser.add_argument("--configs", nargs="*", metavar="G,M,W,TW",
                         help="--variants: launch configurations as head_group,block_levels,num_warps,tree_warps "
                         "or as LaunchConfig fields, e.g. tree_registers=true,tree_key_split=2 "
-                        "(gated_deltanet: value_tile,grad_value_tile,walk_warps,grad_warps,num_stages)")
+                        "(gated_deltanet: value_tile,grad_value_tile,walk_warps,grad_warps,num_stages; --linear: "
+                        "block_chunks,key_split,num_warps,num_stages)")
     parser.add_argument("--precision", action="store_true",
                         help="time and measure the errors of every rung of LaunchConfig.precision at each length")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -66,7 +74,8 @@ def main(argv=None) -> dict:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # this program's own process: the interpreter on a CPU
     result = provenance("python -m loglin_edu.bench " + " ".join(argv), device)
     result["setting"] = asdict(s)
-    mode = "accuracy" if args.accuracy else "precision_ladder" if args.precision else "variants" if args.variants else None
+    mode = ("accuracy" if args.accuracy else "precision_ladder" if args.precision
+            else ("linear_variants" if args.linear else "variants") if args.variants else None)
     prefix = RESULT_PREFIX[args.model]
     out = args.out or DEFAULT_RESULTS / f"{prefix}_{mode + '_' if mode else ''}{device_slug(device)}.json"
     if args.accuracy:
@@ -79,16 +88,22 @@ def main(argv=None) -> dict:
     elif args.precision:
         result["precision"] = precision_ladder(s, s.lengths, device)
     elif args.variants:
-        from ..kernels.config import DeltaLaunchConfig, LaunchConfig
+        from ..kernels.config import DeltaLaunchConfig, LaunchConfig, LinearLaunchConfig
 
-        if delta:
+        if args.linear:
+            if delta:
+                parser.error("--linear times linear Mamba-2: it goes with --model loglinear_mamba2")
+            chosen = [tuple(int(x) for x in c.split(",")) for c in args.configs] if args.configs else LINEAR_VARIANTS
+            configs = [LinearLaunchConfig(block_chunks=w, key_split=ks, num_warps=nw, num_stages=st)
+                       for w, ks, nw, st in chosen]
+        elif delta:
             chosen = [tuple(int(x) for x in c.split(",")) for c in args.configs] if args.configs else DELTA_VARIANTS
             configs = [DeltaLaunchConfig(value_tile=bv, grad_value_tile=gv, walk_warps=w, grad_warps=gw, num_stages=st)
                        for bv, gv, w, gw, st in chosen]
         else:
             configs = ([launch_config(c) for c in args.configs] if args.configs else
                        [LaunchConfig(head_group=g, block_levels=m, num_warps=w, tree_warps=tw) for g, m, w, tw in VARIANTS])
-        result["variants"] = variants(s, s.lengths, configs, device)
+        result["variants"] = variants(s, s.lengths, configs, device, linear=args.linear)
     else:
         names = [n for n in BY_MODEL[args.model] if n not in (GPU_ONLY if device.type == "cpu" else CPU_ONLY)]
         if args.only:

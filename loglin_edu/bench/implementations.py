@@ -20,6 +20,13 @@ def ours_linear(inputs):
     return mamba2_triton(x["q"], x["k"], x["v"], x["log_decay"])
 
 
+def ours_linear_parallel(inputs, config=None):
+    from ..kernels.step1b_mamba2_parallel import mamba2_triton_parallel
+
+    x = inputs
+    return mamba2_triton_parallel(x["q"], x["k"], x["v"], x["log_decay"], config=config)
+
+
 def torch_chunkwise(inputs):
     from ..ops import loglinear_attention
 
@@ -78,6 +85,7 @@ IMPLEMENTATIONS = {  # name -> (function of the inputs, the inputs it differenti
     "loglinear (ours, triton)": (ours, ("q", "k", "v", "level_scales", "log_decay")),
     "loglinear (torch chunkwise)": (torch_chunkwise, ("q", "k", "v", "level_scales", "log_decay")),
     "mamba2 linear (ours, triton step 1)": (ours_linear, ("q", "k", "v", "log_decay")),
+    "mamba2 linear (ours, triton chunk-parallel)": (ours_linear_parallel, ("q", "k", "v", "log_decay")),
     "sdpa (causal, flash on GPU)": (sdpa, ("sdpa",)),
     "fla chunk_log_linear_attn": (fla_loglinear, ("q", "k", "v", "level_scales", "log_decay")),
     "fla chunk_simple_gla (linear mamba2)": (fla_simple_gla, ("q_heads", "v", "log_decay")),
@@ -87,7 +95,8 @@ IMPLEMENTATIONS = {  # name -> (function of the inputs, the inputs it differenti
 }
 BY_MODEL = {  # the implementations run side by side for each model (settings.MODELS)
     "loglinear_mamba2": ("loglinear (ours, triton)", "loglinear (torch chunkwise)", "mamba2 linear (ours, triton step 1)",
-                         "sdpa (causal, flash on GPU)", "fla chunk_log_linear_attn", "fla chunk_simple_gla (linear mamba2)"),
+                         "mamba2 linear (ours, triton chunk-parallel)", "sdpa (causal, flash on GPU)",
+                         "fla chunk_log_linear_attn", "fla chunk_simple_gla (linear mamba2)"),
     "gated_deltanet": ("loglinear gated deltanet (ours, triton)", "loglinear gated deltanet (torch chunkwise)",
                        "fla chunk_gated_delta_rule (linear gated deltanet)", "sdpa (causal, flash on GPU)"),
 }

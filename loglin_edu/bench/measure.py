@@ -8,7 +8,7 @@ import torch
 
 from ..timing import median_ms
 from .accuracy import accuracy, delta_accuracy
-from .implementations import IMPLEMENTATIONS, ours, ours_gated_deltanet
+from .implementations import IMPLEMENTATIONS, ours, ours_gated_deltanet, ours_linear_parallel
 from .settings import Setting, prepare
 
 
@@ -115,10 +115,11 @@ def launch_config(spec: str):
     return LaunchConfig(**{name.strip(): value(text.strip()) for name, text in fields.items()})
 
 
-def variants(s: Setting, lengths, configs, device) -> list[dict]:
-    """Our kernel under each launch configuration: forward and forward+backward median ms."""
+def variants(s: Setting, lengths, configs, device, linear: bool = False) -> list[dict]:
+    """Our kernel under each launch configuration: forward and forward+backward median ms. ``linear``: the
+    chunk-parallel linear Mamba-2 (kernel step 1b) under each ``LinearLaunchConfig`` instead."""
     rows = []
-    name, kernel = ours_of(s)
+    name, kernel = ("mamba2 linear (ours, triton chunk-parallel)", ours_linear_parallel) if linear else ours_of(s)
     for T in lengths:
         inputs = prepare(s.tokens // T, T, s, device)
         for config in configs:
