@@ -1,4 +1,4 @@
-"""One decoding step of log-linear Mamba-2 for a batch, in one launch: carry, decay, write and read.
+"""One decoding step of log-linear Mamba-2 for a batch, in one launch (or two): carry, decay, write and read.
 
 The state is the :class:`~loglin_edu.decoding.FenwickCache` buffer ``levels: [B, H, L, K, V]`` (fp32)
 with ``position: [B]`` the tokens each sequence has consumed. For the token at position ``t`` with
@@ -17,7 +17,7 @@ levels and writes ``p + 2`` (those live before or after): ``(2p + 3) · K · V �
 floor for levels rewritten to decay every token. The step is memory-bound: ``2 · L · K · V`` flops per head
 against those bytes.
 
-Two schedules of the levels (``schedule=``; by default :func:`default_schedule` of the batch):
+Three schedules of the levels (``schedule=``; by default :func:`default_schedule` of the batch):
 
 - ``"loop"``: a runtime loop over the levels (``L`` a runtime argument, one compilation serves every
   depth). Each level's load is issued after the previous level's store, so a step waits for about ``L``
@@ -27,6 +27,16 @@ Two schedules of the levels (``schedule=``; by default :func:`default_schedule` 
   reads from registers: one round trip for the levels. It holds ``L`` tiles of ``K × BV`` at once, so it
   takes more warps (:func:`default_num_warps`). Its output sums the ``λ``-weighted tiles first and reduces
   over ``K`` once.
+- ``"split"``: the unrolled schedule on a slice of the key rows. At a small batch the step is few programs, each
+  waiting on its loads; but every part of a level's update (the carry's sum, the decay, the write of ``k vᵀ``)
+  acts row by row in ``K``, so the rows split into ``NK = K / BK`` independent slices (``block_k = BK`` rows
+  each) and the grid into ``NK · V / BV`` programs per head, each holding ``L`` tiles of ``BK × BV``. Only the
+  read sums over ``K``: program ``(i_k, i_v)`` writes its slice's part of it,
+
+      partial[i_k] = Σ_{k in slice i_k} q_k (Σ_l λ_l S^(l))_k        partial: [NK, B, H, V] fp32,
+
+  and a second launch sums the parts in slice order (the same result at every run) into ``o`` and advances the
+  position: two launches, as the other schedules' kernel and ``position.add_(1)``.
 
 Two layouts (``decay_scales=``): the eager one above, and the lazy one of
 :class:`~loglin_edu.decoding.FenwickCache` (a level's value ``c^(l) stored^(l)``, its scale repeated in
@@ -35,6 +45,18 @@ the live levels, and writes only the tiles that change — level 0 (``k vᵀ``, 
 (``Σ_{m <= j} c^(m) stored^(m)``, scale ``exp(g)``); the levels it empties get scale 0 and keep their
 tiles. That is ``(p + 3) · K · V · 4`` bytes per head, and at most ``(2p + 3) · V · 4`` for the scales
 (:func:`step_bytes`).
+
+The lazy layout and the ``"split"`` schedule: a head's scales are read and rewritten by all its programs, and
+programs run in no order, so a program must never read a scale another has already rewritten (it would decay
+its level twice). The value columns give each program a copy of its own: with ``P = NK · V / BV <= V``
+programs per head, numbered ``i_kv``, program ``i_kv`` reads every level's old scale from column ``i_kv`` and
+writes the new one into the columns ``c ≡ i_kv (mod P)``. Every column has one writer, and column ``i_kv`` is
+written by its reader alone, after a barrier that follows every read of its threads: every read sees the old
+scale, every column gets the new one, the arithmetic is the other schedules' (the scales agree bit for bit),
+and the layout is unchanged. A step with more programs per head than value columns is refused
+(:func:`check_block_k`; :func:`default_block_k` never picks one). Other ways out cost more: scales kept twice,
+read from the copy of the position's parity and written to the other (a second buffer, a new layout), or the
+split for the eager layout only (every live level rewritten each token).
 
 :func:`mamba2_decode_step_` is the same step for Mamba-2's single state (``S <- exp(g) S + k vᵀ``,
 ``o = Sᵀ q``): one state in, one out — the baseline a log-linear step is measured against.
@@ -309,7 +331,8 @@ def store_owned_scales(row_ptr, scale, i_kv, P, V, live, COLS: tl.constexpr):
 
 @triton.jit
 def store_partial(partial_ptr, out, i_k, i_b, i_h, s_pk, s_pb, s_ph, rv, V):
-    """Key slice ``i_k``'s part ``out [BV]`` of the output of batch ``i_b`` and head ``i_h`` at columns ``rv`` (fp32)."""
+    """Key slice ``i_k``'s part ``out [BV]`` of the output of batch ``i_b`` and head ``i_h`` at columns ``rv``, in
+    fp32."""
     ptrs = partial_ptr + i_k.to(tl.int64) * s_pk + i_b.to(tl.int64) * s_pb + i_h * s_ph + rv
     tl.store(ptrs, out, mask=rv < V)
 

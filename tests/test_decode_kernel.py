@@ -227,7 +227,8 @@ def test_variants_refuse_what_they_do_not_compute():
         decode.decode_step_(cache.levels, cache.position, q, k, v, lam, g, decay_scales=cache.decay_scales.double())
 
 
-@pytest.mark.parametrize("name, block_k, block_v", [("split", 8, 32), ("lazy_split", 8, 16)], ids=["eager-5x1", "lazy-5x2"])
+@pytest.mark.parametrize("name, block_k, block_v", [("split", 8, 32), ("lazy_split", 8, 16)],
+                         ids=["eager-5x1", "lazy-5x2"])
 def test_split_equals_the_loop_schedule_token_after_token_from_the_first(name, block_k, block_v):
     """One sequence, K = 40 and V = 24 (neither a multiple of the tiles: the last key slice and value block are
     partial), an odd number of key slices: the 16 tokens from position 0 to the buffer's end, through every
@@ -253,7 +254,8 @@ def test_split_refuses_bad_slices():
                                 schedule="split", block_k=bad)
     with pytest.raises(ValueError, match=r"block_k sets the 'split' schedule's key slices, got block_k=16 with 'loop'"):
         decode.decode_step_(cache.levels, cache.position, q, k, v, lam, g, schedule="loop", block_k=16)
-    with pytest.raises(ValueError, match=r"a value column of its own: at most V=24, got 60 \(K=40, block_k=2, block_v=8\)"):
+    too_many = r"a value column of its own: at most V=24, got 60 \(K=40, block_k=2, block_v=8\)"
+    with pytest.raises(ValueError, match=too_many):
         decode.decode_step_(cache.levels, cache.position, q, k, v, lam, g, decay_scales=cache.decay_scales,
                             schedule="split", block_k=2, block_v=8)
     assert cache.position.item() == 0 and not cache.decay_scales.any()  # nothing ran
