@@ -102,13 +102,14 @@ VARIANTS = {"unrolled": ("unrolled", False), "lazy": ("loop", True), "lazy_unrol
 """The variants of the kernel: ``name -> (schedule, lazy layout)``."""
 
 SMALL_SLICE = 4
-"""Key rows of the split schedule's programs in the tests of every variant: K = 5 in two slices, the second of one
+"""Key rows of the split schedule's programs in some tests of every variant: K = 5 in two slices, the second of one
 row (the tests of the split schedule alone take more slices)."""
 
 
-def slice_rows(schedule, block_k=SMALL_SLICE):
-    """The keyword of the split schedule's key rows: ``block_k`` for it, none for the others."""
-    return {"block_k": block_k} if schedule == "split" else {}
+def slice_rows(schedule, block_k):
+    """The keyword of the split schedule's key rows: ``block_k`` for it (none for its default: ``None``), none for
+    the other schedules."""
+    return {"block_k": block_k} if schedule == "split" and block_k is not None else {}
 
 
 def prepared_layouts(H, K, V, max_len, positions, seed):
@@ -139,11 +140,11 @@ def fp32(cache):
     return FenwickCache(cache.levels.float(), cache.position.clone(), cache.max_len, scales)
 
 
-def check_variant(name, eager, lazy, steps, block_v, Hk, decay, block_k=SMALL_SLICE):
+def check_variant(name, eager, lazy, steps, block_v, Hk, decay, block_k=None):
     """``steps`` tokens through the variant ``name``, the loop kernel and the float64 tensor step of the
     variant's layout, side by side: outputs, level values, positions; for the lazy layout also the scales,
     and every stored tile but level 0 and the carry's target left as it was. ``block_k``: the key rows of the
-    split schedule's programs."""
+    split schedule's programs (``None``: its default)."""
     schedule, is_lazy = VARIANTS[name]
     exact = lazy if is_lazy else eager
     baseline, fast = fp32(eager), fp32(exact)
@@ -188,9 +189,9 @@ def test_variant_equals_the_loop_kernel_at_many_positions(name):
 @pytest.mark.parametrize("name", VARIANTS)
 def test_variant_equals_the_loop_kernel_from_the_first_token(name, decay):
     """Two sequences from positions 0 and 5, eight tokens (every carry into levels 1 to 3), per-head q, k, the
-    value columns split over two programs."""
+    value columns split over two programs (and the key rows over two, for the split schedule)."""
     eager, lazy = prepared_layouts(2, 5, 6, 16, [0, 5], seed=4)
-    check_variant(name, eager, lazy, steps=8, block_v=4, Hk=2, decay=decay)
+    check_variant(name, eager, lazy, steps=8, block_v=4, Hk=2, decay=decay, block_k=SMALL_SLICE)
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -206,7 +207,7 @@ def test_variant_stays_inside_its_tensors(name):
     q, k, v, lam, g = views[-5:]
     position = exact.position.clone()
     got = decode.decode_step_(levels, position, q, k, v, lam, g, decay_scales=scales, schedule=schedule, block_v=4,
-                              **slice_rows(schedule))
+                              **slice_rows(schedule, SMALL_SLICE))
     expected = exact.step(inputs[0].double().expand(2, 3, 5), inputs[1].double().expand(2, 3, 5),
                           *(x.double() for x in inputs[2:]))
     assert all(guard_intact(b) for b in buffers)
