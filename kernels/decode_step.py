@@ -1,4 +1,4 @@
-"""One decoding step of log-linear Mamba-2 for a batch, in one launch: carry, decay, write and read.
+"""One decoding step of log-linear Mamba-2 for a batch, in one launch (or two): carry, decay, write and read.
 
 The state is the :class:`~loglin_edu.decoding.FenwickCache` buffer ``levels: [B, H, L, K, V]`` (fp32)
 with ``position: [B]`` the tokens each sequence has consumed. For the token at position ``t`` with
@@ -17,7 +17,7 @@ levels and writes ``p + 2`` (those live before or after): ``(2p + 3) · K · V �
 floor for levels rewritten to decay every token. The step is memory-bound: ``2 · L · K · V`` flops per head
 against those bytes.
 
-Two schedules of the levels (``schedule=``; by default :func:`default_schedule` of the batch):
+Three schedules of the levels (``schedule=``; by default :func:`default_schedule` of the batch):
 
 - ``"loop"``: a runtime loop over the levels (``L`` a runtime argument, one compilation serves every
   depth). Each level's load is issued after the previous level's store, so a step waits for about ``L``
@@ -27,6 +27,16 @@ Two schedules of the levels (``schedule=``; by default :func:`default_schedule` 
   reads from registers: one round trip for the levels. It holds ``L`` tiles of ``K × BV`` at once, so it
   takes more warps (:func:`default_num_warps`). Its output sums the ``λ``-weighted tiles first and reduces
   over ``K`` once.
+- ``"split"``: the unrolled schedule on a slice of the key rows. At a small batch the step is few programs, each
+  waiting on its loads; but every part of a level's update (the carry's sum, the decay, the write of ``k vᵀ``)
+  acts row by row in ``K``, so the rows split into ``NK = K / BK`` independent slices (``block_k = BK`` rows
+  each) and the grid into ``NK · V / BV`` programs per head, each holding ``L`` tiles of ``BK × BV``. Only the
+  read sums over ``K``: program ``(i_k, i_v)`` writes its slice's part of it,
+
+      partial[i_k] = Σ_{k in slice i_k} q_k (Σ_l λ_l S^(l))_k        partial: [NK, B, H, V] fp32,
+
+  and a second launch sums the parts in slice order (the same result at every run) into ``o`` and advances the
+  position: two launches, as the other schedules' kernel and ``position.add_(1)``.
 
 Two layouts (``decay_scales=``): the eager one above, and the lazy one of
 :class:`~loglin_edu.decoding.FenwickCache` (a level's value ``c^(l) stored^(l)``, its scale repeated in
@@ -35,6 +45,18 @@ the live levels, and writes only the tiles that change — level 0 (``k vᵀ``, 
 (``Σ_{m <= j} c^(m) stored^(m)``, scale ``exp(g)``); the levels it empties get scale 0 and keep their
 tiles. That is ``(p + 3) · K · V · 4`` bytes per head, and at most ``(2p + 3) · V · 4`` for the scales
 (:func:`step_bytes`).
+
+The lazy layout and the ``"split"`` schedule: a head's scales are read and rewritten by all its programs, and
+programs run in no order, so a program must never read a scale another has already rewritten (it would decay
+its level twice). The value columns give each program a copy of its own: with ``P = NK · V / BV <= V``
+programs per head, numbered ``i_kv``, program ``i_kv`` reads every level's old scale from column ``i_kv`` and
+writes the new one into the columns ``c ≡ i_kv (mod P)``. Every column has one writer, and column ``i_kv`` is
+written by its reader alone, after a barrier that follows every read of its threads: every read sees the old
+scale, every column gets the new one, the arithmetic is the other schedules' (the scales agree bit for bit),
+and the layout is unchanged. A step with more programs per head than value columns is refused
+(:func:`check_block_k`; :func:`default_block_k` never picks one). Other ways out cost more: scales kept twice,
+read from the copy of the position's parity and written to the other (a second buffer, a new layout), or the
+split for the eager layout only (every live level rewritten each token).
 
 :func:`mamba2_decode_step_` is the same step for Mamba-2's single state (``S <- exp(g) S + k vᵀ``,
 ``o = Sᵀ q``): one state in, one out — the baseline a log-linear step is measured against.
@@ -113,15 +135,13 @@ def lazy_level(state, scale, carried, written, lvl, into, cleared, decay):
 
 
 @triton.jit
-def program_start(levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V,
-                  s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh,
-                  HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    """What every decode program of grid ``(V / BV, H, B)`` starts from: its block ``(i_v, i_h, i_b)``, key rows
-    ``rk [BK]`` and value columns ``rv [BV]``, the sequence's position ``t``, the token's ``q, k [BK]`` and
-    ``v [BV]`` in fp32, ``exp(g)``, its head's levels, the offsets ``[BK, BV]`` of its tile in a level, and its
-    head's row of ``λ``."""
-    i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rk = tl.arange(0, BK)
+def tile_start(levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V,
+               s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh,
+               i_v, i_h, i_b, rk, HAS_DECAY: tl.constexpr, BV: tl.constexpr):
+    """What the program of value block ``i_v``, head ``i_h``, batch ``i_b`` and key rows ``rk`` starts from: its
+    value columns ``rv [BV]``, the sequence's position ``t``, the token's ``q, k`` (at ``rk``) and ``v [BV]`` in
+    fp32, ``exp(g)``, its head's levels, the offsets ``[len(rk), BV]`` of its tile in a level, and its head's row
+    of ``λ``."""
     rv = i_v * BV + tl.arange(0, BV)
     t = tl.load(position_ptr + i_b).to(tl.int64)
     q, k, v = load_token(q_ptr, k_ptr, v_ptr, i_b, i_h, sqb, sqh, svb, svh, rk, rv, K, V)
@@ -129,6 +149,20 @@ def program_start(levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr,
     base = levels_ptr + i_b.to(tl.int64) * s_lb + i_h.to(tl.int64) * s_lh
     tile = rk[:, None].to(tl.int64) * s_lk + rv[None, :]
     lam_row = lam_ptr + i_b.to(tl.int64) * s_lam_b + i_h * s_lam_h
+    return rv, t, q, k, v, decay, base, tile, lam_row
+
+
+@triton.jit
+def program_start(levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V,
+                  s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh,
+                  HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """What every decode program of grid ``(V / BV, H, B)`` starts from: its block ``(i_v, i_h, i_b)``, key rows
+    ``rk [BK]`` (all of them) and what :func:`tile_start` gives."""
+    i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rk = tl.arange(0, BK)
+    rv, t, q, k, v, decay, base, tile, lam_row = tile_start(
+        levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V,
+        s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, i_v, i_h, i_b, rk, HAS_DECAY, BV)
     return i_v, i_h, i_b, rk, rv, t, q, k, v, decay, base, tile, lam_row
 
 
@@ -270,8 +304,125 @@ def lazy_decode_unrolled_kernel(
     store_output(o_ptr, out, i_b, i_h, sob, soh, rv, V)
 
 
-SCHEDULES = ("loop", "unrolled")
-"""How a program visits the levels (module docstring): a runtime loop, or unrolled with every load first."""
+@triton.jit
+def slice_start(levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V, NK,
+                s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh,
+                HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """What a program of the ``"split"`` schedule's grid ``(NK · V / BV, H, B)`` starts from: its number ``i_kv``
+    among its head's programs, its key slice ``i_k = i_kv mod NK`` (rows ``rk = i_k · BK + [0, BK)``), its value
+    block ``i_v = i_kv div NK`` and what :func:`tile_start` gives."""
+    i_kv, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_k, i_v = i_kv % NK, i_kv // NK
+    rk = i_k * BK + tl.arange(0, BK)
+    rv, t, q, k, v, decay, base, tile, lam_row = tile_start(
+        levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V,
+        s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, i_v, i_h, i_b, rk, HAS_DECAY, BV)
+    return i_kv, i_k, i_h, i_b, rk, rv, t, q, k, v, decay, base, tile, lam_row
+
+
+@triton.jit
+def store_owned_scales(row_ptr, scale, i_kv, P, V, live, COLS: tl.constexpr):
+    """A level's scale (a scalar) into the value columns ``c ≡ i_kv (mod P)`` of its row at ``row_ptr`` (column 0),
+    the columns program ``i_kv`` of a head's ``P`` owns in the ``"split"`` schedule, when the level is ``live``
+    before or after the step; ``COLS >= ceil(V / P)``."""
+    columns = i_kv + P * tl.arange(0, COLS)
+    tl.store(row_ptr + columns, scale + tl.zeros((COLS,), tl.float32), mask=columns < tl.where(live, V, 0))
+
+
+@triton.jit
+def store_partial(partial_ptr, out, i_k, i_b, i_h, s_pk, s_pb, s_ph, rv, V):
+    """Key slice ``i_k``'s part ``out [BV]`` of the output of batch ``i_b`` and head ``i_h`` at columns ``rv``, in
+    fp32."""
+    ptrs = partial_ptr + i_k.to(tl.int64) * s_pk + i_b.to(tl.int64) * s_pb + i_h * s_ph + rv
+    tl.store(ptrs, out, mask=rv < V)
+
+
+@triton.jit
+def split_decode_kernel(
+    levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, partial_ptr,
+    H, K, V, L: tl.constexpr, NK,
+    s_lb, s_lh, s_ll, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, s_pk, s_pb, s_ph,
+    HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    """The ``"split"`` schedule, eager layout: :func:`fenwick_decode_unrolled_kernel` on the ``BK`` key rows of slice
+    ``i_k``. Grid ``(NK · V / BV, H, B)``, ``NK = ceil(K / BK)``; arguments as :func:`fenwick_decode_kernel` but the
+    output: partial: ``[NK, B, H, V]`` fp32, ``partial[i_k] = Σ_{k in slice i_k} q_k (Σ_l λ_l S^(l))_k``."""
+    i_kv, i_k, i_h, i_b, rk, rv, t, q, k, v, decay, base, tile, lam_row = slice_start(
+        levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V, NK,
+        s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, HAS_DECAY, BK, BV)
+    states, lams = (), ()
+    for i_l in tl.static_range(L):  # every load issued before any is used: no store stands between them
+        live_before, _, _, _ = level_flags(t, tl.full((), i_l, tl.int64))
+        states += (tl.load(base + i_l * s_ll + tile, mask=tile_mask(rk, rv, live_before, K, V), other=0.0),)
+        lams += (tl.load(lam_row + i_l).to(tl.float32),)
+    written = k[:, None] * v[None, :]
+    carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m <= l} S^(m) before the step, on the slice's rows
+    weighted = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_l λ_l S^(l) after the step, on the slice's rows
+    for i_l in tl.static_range(L):
+        lvl = tl.full((), i_l, tl.int64)
+        live_before, live_after, into, cleared = level_flags(t, lvl)
+        state, carried = eager_level(states[i_l], carried, written, lvl, into, cleared, decay)
+        tl.store(base + i_l * s_ll + tile, state, mask=tile_mask(rk, rv, live_before | live_after, K, V))
+        weighted += lams[i_l] * state
+    store_partial(partial_ptr, tl.sum(q[:, None] * weighted, 0), i_k, i_b, i_h, s_pk, s_pb, s_ph, rv, V)
+
+
+@triton.jit
+def split_lazy_decode_kernel(
+    levels_ptr, scales_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, partial_ptr,
+    H, K, V, L: tl.constexpr, NK, P,
+    s_lb, s_lh, s_ll, s_lk, s_cb, s_ch, s_cl, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, s_pk, s_pb, s_ph,
+    HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, COLS: tl.constexpr,
+):
+    """The ``"split"`` schedule, lazy layout: arguments as :func:`split_decode_kernel` and scales ``[B, H, L, V]``
+    (:func:`lazy_decode_kernel`); ``P = NK · V / BV <= V`` programs per head, ``COLS >= ceil(V / P)``. Program
+    ``i_kv`` reads every level's scale from value column ``i_kv`` and writes the new scale into the columns
+    ``c ≡ i_kv (mod P)``: column ``i_kv`` is written by this program alone (module docstring), after the barrier
+    that follows every read of its threads."""
+    i_kv, i_k, i_h, i_b, rk, rv, t, q, k, v, decay, base, tile, lam_row = slice_start(
+        levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V, NK,
+        s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, HAS_DECAY, BK, BV)
+    scale_row = scales_ptr + i_b.to(tl.int64) * s_cb + i_h.to(tl.int64) * s_ch  # column 0
+    states, scales, lams = (), (), ()
+    for i_l in tl.static_range(L):  # every load issued before any is used: no store stands between them
+        live_before, _, _, _ = level_flags(t, tl.full((), i_l, tl.int64))
+        states += (tl.load(base + i_l * s_ll + tile, mask=tile_mask(rk, rv, live_before, K, V), other=0.0),)
+        scales += (tl.load(scale_row + i_l * s_cl + i_kv, mask=live_before, other=0.0),)
+        lams += (tl.load(lam_row + i_l).to(tl.float32),)
+    tl.debug_barrier()  # every thread has read every scale of column i_kv before any thread overwrites one below
+    written = k[:, None] * v[None, :]
+    carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m <= l} c^(m) stored^(m) before the step, the slice's rows
+    weighted = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_l λ_l c^(l) stored^(l) after the step, the slice's rows
+    for i_l in tl.static_range(L):
+        lvl = tl.full((), i_l, tl.int64)
+        live_before, live_after, into, cleared = level_flags(t, lvl)
+        state, scale, carried = lazy_level(states[i_l], scales[i_l], carried, written, lvl, into, cleared, decay)
+        tl.store(base + i_l * s_ll + tile, state, mask=tile_mask(rk, rv, into | (lvl == 0), K, V))
+        store_owned_scales(scale_row + i_l * s_cl, scale, i_kv, P, V, live_before | live_after, COLS)
+        weighted += lams[i_l] * scale * state
+    store_partial(partial_ptr, tl.sum(q[:, None] * weighted, 0), i_k, i_b, i_h, s_pk, s_pb, s_ph, rv, V)
+
+
+@triton.jit
+def sum_slices_kernel(partial_ptr, o_ptr, position_ptr, N, B, NK, ADVANCE: tl.constexpr, BLOCK: tl.constexpr):
+    """``o = Σ_{i < NK} partial[i]``, summed in slice order, in o's dtype; with ``ADVANCE`` also ``position += 1``.
+    Grid ``(N / BLOCK,)``; partial: ``[NK, N]`` fp32 and o: ``[N]`` contiguous, ``N = B · H · V``; position:
+    ``[B]`` int64. It runs after the step's kernel (one stream), which has read every position."""
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    ptrs = partial_ptr + offsets
+    for _ in range(NK):
+        total += tl.load(ptrs, mask=offsets < N, other=0.0)
+        ptrs += N
+    tl.store(o_ptr + offsets, total.to(o_ptr.dtype.element_ty), mask=offsets < N)
+    if ADVANCE:
+        position = tl.load(position_ptr + offsets, mask=offsets < B, other=0)
+        tl.store(position_ptr + offsets, position + 1, mask=offsets < B)
+
+
+SCHEDULES = ("loop", "unrolled", "split")
+"""How a program visits the levels (module docstring): a runtime loop, unrolled with every load first, or unrolled
+on one slice of the key rows."""
 
 
 UNROLLED_UP_TO = 64
@@ -292,18 +443,57 @@ def default_schedule(batch: int, heads: int) -> str:
 def default_block_v(schedule: str, levels: int, value_dim: int) -> int:
     """The value tile ``BV`` of one program: 32 for the ``"loop"`` schedule; for the ``"unrolled"`` one, which
     holds ``levels`` tiles at once, 16 up to 15 levels (16K tokens) and 8 beyond — the fastest tiles of the
-    measurement in :func:`default_schedule`. At most ``block(value_dim)``."""
+    measurement in :func:`default_schedule`; 16 for the ``"split"`` one, whose tiles are ``block_k`` rows tall
+    (64-byte rows, two 32-byte sectors). At most ``block(value_dim)``."""
     widest = block(value_dim)
     if schedule == "loop":
         return min(32, widest)
+    if schedule == "split":
+        return min(16, widest)
     return min(16 if levels <= 15 else 8, widest)
 
 
+SPLIT_ROWS = 32
+"""The key rows of one program of the ``"split"`` schedule by default (:func:`default_block_k`): four slices of
+``K = 128``."""
+
+
+def split_programs(key_dim: int, value_dim: int, block_k: int, block_v: int) -> int:
+    """``P = ceil(K / block_k) · ceil(V / block_v)``: the programs of one ``(sequence, head)`` in the ``"split"``
+    schedule."""
+    return triton.cdiv(key_dim, block_k) * triton.cdiv(value_dim, block_v)
+
+
+def default_block_k(key_dim: int, value_dim: int, block_v: int, lazy: bool) -> int:
+    """The key rows ``BK`` of one program of the ``"split"`` schedule: :data:`SPLIT_ROWS` (at most
+    ``block(key_dim)``), doubled on the lazy layout until a head's :func:`split_programs` are at most ``V``, one
+    value column each (module docstring)."""
+    rows = min(SPLIT_ROWS, block(key_dim))
+    while lazy and split_programs(key_dim, value_dim, rows, block_v) > value_dim:
+        rows *= 2
+    return rows
+
+
+def check_block_k(block_k, key_dim: int, value_dim: int, block_v: int, lazy: bool) -> None:
+    """``block_k`` must be a power of two from 1 to :data:`MAX_BLOCK`; on the lazy layout a head's
+    :func:`split_programs` must be at most ``V``."""
+    if isinstance(block_k, bool) or not isinstance(block_k, int) or not 1 <= block_k <= MAX_BLOCK or (
+            block_k & (block_k - 1)):
+        raise ValueError(f"block_k must be a power of two from 1 to {MAX_BLOCK}, got {block_k!r}")
+    programs = split_programs(key_dim, value_dim, block_k, block_v)
+    if lazy and programs > value_dim:
+        raise ValueError(
+            f"the split schedule on the lazy layout gives each of a head's ceil(K / block_k) · ceil(V / block_v) "
+            f"programs a value column of its own: at most V={value_dim}, got {programs} (K={key_dim}, "
+            f"block_k={block_k}, block_v={block_v})"
+        )
+
+
 def default_num_warps(schedule: str, levels: int, block_k: int, block_v: int) -> int:
-    """Warps of one program: 4 for the ``"loop"`` schedule. The ``"unrolled"`` one holds its ``levels`` tiles of
-    ``block_k × block_v`` fp32 values in registers at once: 4 warps while that is at most 96 values per
-    thread, else 8, the warps at which a program gets the most registers (255 per thread; at 16 warps only
-    128). Wider tiles spill to local memory."""
+    """Warps of one program: 4 for the ``"loop"`` schedule. The ``"unrolled"`` and ``"split"`` ones hold their
+    ``levels`` tiles of ``block_k × block_v`` fp32 values (``block_k`` the slice's rows for ``"split"``) in
+    registers at once: 4 warps while that is at most 96 values per thread, else 8, the warps at which a program
+    gets the most registers (255 per thread; at 16 warps only 128). Wider tiles spill to local memory."""
     if schedule == "loop" or levels * block_k * block_v <= 96 * 32 * 4:
         return 4
     return 8
@@ -333,6 +523,7 @@ def decode_step_(
     decay_scales: torch.Tensor | None = None,
     schedule: str | None = None,
     block_v: int | None = None,
+    block_k: int | None = None,
     num_warps: int | None = None,
     advance: bool = True,
 ) -> torch.Tensor:
@@ -342,15 +533,19 @@ def decode_step_(
     one in place unless ``advance=False``, which a benchmark uses to repeat one position); q, k: ``[B, H or 1, K]`` (one head shared by all, as Mamba-2's B and C); v: ``[B, H, V]``;
     level_scales: ``[B, H, >= L]``; log_decay: ``[B, H]`` or None. Returns o ``[B, H, V]`` in v's dtype.
     decay_scales: None for the eager layout, or the lazy layout's ``[B, H, L, V]`` fp32 scales, V contiguous
-    (updated in place). schedule: ``"loop"`` or ``"unrolled"`` (module docstring; by default
+    (updated in place). schedule: ``"loop"``, ``"unrolled"`` or ``"split"`` (module docstring; by default
     :func:`default_schedule`). block_v: the V-tile of one program (more programs for a small batch; by default
-    :func:`default_block_v`); K must be at most 128. num_warps: by default
-    :func:`default_num_warps`.
+    :func:`default_block_v`); K must be at most 128. block_k: the key rows of one program of the ``"split"``
+    schedule, a power of two (by default :func:`default_block_k`; only for that schedule). num_warps: by default
+    :func:`default_num_warps`. The ``"split"`` schedule takes two launches (the step, then the sum of its key
+    slices, which also advances the position); the others one (and ``position.add_(1)``).
     """
     B, H, L, K, V = levels.shape
     schedule = schedule or default_schedule(B, H)
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    if block_k is not None and schedule != "split":
+        raise ValueError(f"block_k sets the 'split' schedule's key slices, got block_k={block_k} with {schedule!r}")
     if levels.dtype != torch.float32 or levels.stride(-1) != 1:
         raise ValueError(f"levels must be float32 with V contiguous, got {levels.dtype} strides {levels.stride()}")
     if K > MAX_BLOCK:
@@ -372,6 +567,9 @@ def decode_step_(
     q, k = same_strides(q, k)  # one set of strides serves both
     v, level_scales = last_dim_contiguous(v), last_dim_contiguous(level_scales)
     BK, BV = block(K), block_v or default_block_v(schedule, L, V)
+    if schedule == "split":
+        BK = default_block_k(K, V, BV, decay_scales is not None) if block_k is None else block_k
+        check_block_k(BK, K, V, BV, decay_scales is not None)
     if num_warps is None:
         num_warps = default_num_warps(schedule, L, BK, BV)
     o = torch.empty(B, H, V, device=v.device, dtype=v.dtype)
@@ -382,6 +580,9 @@ def decode_step_(
                      g.stride(0), g.stride(1), o.stride(0), o.stride(1))
     level_strides = (levels.stride(0), levels.stride(1), levels.stride(2), levels.stride(3))
     meta = dict(HAS_DECAY=log_decay is not None, BK=BK, BV=BV, num_warps=num_warps)
+    if schedule == "split":
+        split_launch(levels, decay_scales, position, q, k, v, level_scales, g, o, token_strides[:-2], meta, advance)
+        return o
     if decay_scales is None:
         kernel = fenwick_decode_kernel if schedule == "loop" else fenwick_decode_unrolled_kernel
         kernel[grid](levels, position, q, k, v, level_scales, g, o, H, K, V, L, *level_strides, *token_strides, **meta)
@@ -392,6 +593,31 @@ def decode_step_(
     if advance:
         position.add_(1)
     return o
+
+
+SUM_BLOCK = 1024
+"""Outputs one program of :func:`sum_slices_kernel` sums."""
+
+
+def split_launch(levels, decay_scales, position, q, k, v, level_scales, g, o, token_strides, meta, advance):
+    """The ``"split"`` schedule's two launches (module docstring): every key slice's part of the output into
+    ``partial: [NK, B, H, V]`` fp32, levels and scales updated in place; then ``o = Σ_i partial[i]`` (o ``[B, H, V]``
+    contiguous) and, when ``advance``, ``position += 1``. token_strides: those of q, v, λ and g; meta: the
+    kernels' ``HAS_DECAY``, ``BK``, ``BV`` and ``num_warps``."""
+    B, H, L, K, V = levels.shape
+    NK, P = triton.cdiv(K, meta["BK"]), split_programs(K, V, meta["BK"], meta["BV"])
+    partial = torch.empty(NK, B, H, V, device=v.device, dtype=torch.float32)
+    level_strides = levels.stride()[:4]
+    grid = (P, H, B)
+    if decay_scales is None:
+        split_decode_kernel[grid](levels, position, q, k, v, level_scales, g, partial, H, K, V, L, NK, *level_strides,
+                                  *token_strides, *partial.stride()[:3], **meta)
+    else:
+        split_lazy_decode_kernel[grid](levels, decay_scales, position, q, k, v, level_scales, g, partial, H, K, V, L,
+                                       NK, P, *level_strides, *decay_scales.stride()[:3], *token_strides,
+                                       *partial.stride()[:3], COLS=triton.next_power_of_2(triton.cdiv(V, P)), **meta)
+    N = B * H * V
+    sum_slices_kernel[(triton.cdiv(N, SUM_BLOCK),)](partial, o, position, N, B, NK, ADVANCE=advance, BLOCK=SUM_BLOCK)
 
 
 @triton.jit

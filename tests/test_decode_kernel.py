@@ -1,7 +1,10 @@
 """The Triton decode step of log-linear Mamba-2 (kernels/decode_step.py) against the tensor step of
 :mod:`loglin_edu.decoding`: fp32 under Triton's interpreter on a CPU (compiled on a GPU), level buffers and
 outputs, sequences at different positions, no access outside its tensors; its variants (the unrolled
-schedule, the lazy layout) against the loop kernel and the float64 tensor step."""
+schedule, the split schedule over key slices, the lazy layout) against the loop kernel and the float64 tensor
+step."""
+
+import re
 
 import pytest
 import torch
@@ -94,8 +97,19 @@ def test_kernel_refuses_what_it_does_not_compute():
         decode.decode_step_(cache.levels, cache.position, q, k, v, lam[..., :2], g)
 
 
-VARIANTS = {"unrolled": ("unrolled", False), "lazy": ("loop", True), "lazy_unrolled": ("unrolled", True)}
+VARIANTS = {"unrolled": ("unrolled", False), "lazy": ("loop", True), "lazy_unrolled": ("unrolled", True),
+            "split": ("split", False), "lazy_split": ("split", True)}
 """The variants of the kernel: ``name -> (schedule, lazy layout)``."""
+
+SMALL_SLICE = 4
+"""Key rows of the split schedule's programs in some tests of every variant: K = 5 in two slices, the second of one
+row (the tests of the split schedule alone take more slices)."""
+
+
+def slice_rows(schedule, block_k):
+    """The keyword of the split schedule's key rows: ``block_k`` for it (none for its default: ``None``), none for
+    the other schedules."""
+    return {"block_k": block_k} if schedule == "split" and block_k is not None else {}
 
 
 def prepared_layouts(H, K, V, max_len, positions, seed):
@@ -126,10 +140,11 @@ def fp32(cache):
     return FenwickCache(cache.levels.float(), cache.position.clone(), cache.max_len, scales)
 
 
-def check_variant(name, eager, lazy, steps, block_v, Hk, decay):
+def check_variant(name, eager, lazy, steps, block_v, Hk, decay, block_k=None):
     """``steps`` tokens through the variant ``name``, the loop kernel and the float64 tensor step of the
     variant's layout, side by side: outputs, level values, positions; for the lazy layout also the scales,
-    and every stored tile but level 0 and the carry's target left as it was."""
+    and every stored tile but level 0 and the carry's target left as it was. ``block_k``: the key rows of the
+    split schedule's programs (``None``: its default)."""
     schedule, is_lazy = VARIANTS[name]
     exact = lazy if is_lazy else eager
     baseline, fast = fp32(eager), fp32(exact)
@@ -146,7 +161,7 @@ def check_variant(name, eager, lazy, steps, block_v, Hk, decay):
         wanted = decode.decode_step_(baseline.levels, baseline.position, q, k, v, lam, g, schedule="loop",
                                      block_v=block_v)
         got = decode.decode_step_(fast.levels, fast.position, q, k, v, lam, g, decay_scales=fast.decay_scales,
-                                  schedule=schedule, block_v=block_v)
+                                  schedule=schedule, block_v=block_v, **slice_rows(schedule, block_k))
         assert_close(got.double(), wanted.double(), rtol=1e-5, atol=1e-6, what=f"{where}: o against the loop kernel")
         assert_close(got.double(), expected, rtol=1e-5, atol=1e-6, what=f"{where}: o against float64")
         assert_close(fast.level_values().double(), baseline.levels.double(), rtol=1e-5, atol=1e-6,
@@ -174,9 +189,9 @@ def test_variant_equals_the_loop_kernel_at_many_positions(name):
 @pytest.mark.parametrize("name", VARIANTS)
 def test_variant_equals_the_loop_kernel_from_the_first_token(name, decay):
     """Two sequences from positions 0 and 5, eight tokens (every carry into levels 1 to 3), per-head q, k, the
-    value columns split over two programs."""
+    value columns split over two programs (and the key rows over two, for the split schedule)."""
     eager, lazy = prepared_layouts(2, 5, 6, 16, [0, 5], seed=4)
-    check_variant(name, eager, lazy, steps=8, block_v=4, Hk=2, decay=decay)
+    check_variant(name, eager, lazy, steps=8, block_v=4, Hk=2, decay=decay, block_k=SMALL_SLICE)
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -191,7 +206,8 @@ def test_variant_stays_inside_its_tensors(name):
     levels, scales = views[0], views[1] if is_lazy else None
     q, k, v, lam, g = views[-5:]
     position = exact.position.clone()
-    got = decode.decode_step_(levels, position, q, k, v, lam, g, decay_scales=scales, schedule=schedule, block_v=4)
+    got = decode.decode_step_(levels, position, q, k, v, lam, g, decay_scales=scales, schedule=schedule, block_v=4,
+                              **slice_rows(schedule, SMALL_SLICE))
     expected = exact.step(inputs[0].double().expand(2, 3, 5), inputs[1].double().expand(2, 3, 5),
                           *(x.double() for x in inputs[2:]))
     assert all(guard_intact(b) for b in buffers)
@@ -204,12 +220,56 @@ def test_variant_stays_inside_its_tensors(name):
 def test_variants_refuse_what_they_do_not_compute():
     cache = FenwickCache.empty(1, 2, 4, 4, max_len=8, device=DEVICE, lazy=True)
     q, k, v, lam, g = random_step(torch.Generator().manual_seed(0), 1, 2, 1, 4, 4, cache.num_levels)
-    with pytest.raises(ValueError, match=r"schedule must be one of \('loop', 'unrolled'\), got 'tiled'"):
+    with pytest.raises(ValueError, match=r"schedule must be one of \('loop', 'unrolled', 'split'\), got 'tiled'"):
         decode.decode_step_(cache.levels, cache.position, q, k, v, lam, g, schedule="tiled")
     with pytest.raises(ValueError, match=r"decay_scales must be float32 \[B=1, H=2, L=4, V=4\]"):
         decode.decode_step_(cache.levels, cache.position, q, k, v, lam, g, decay_scales=cache.decay_scales[:, :, :3])
     with pytest.raises(ValueError, match="got torch.float64"):
         decode.decode_step_(cache.levels, cache.position, q, k, v, lam, g, decay_scales=cache.decay_scales.double())
+
+
+@pytest.mark.parametrize("name, block_k, block_v", [("split", 8, 32), ("lazy_split", 8, 16)],
+                         ids=["eager-5x1", "lazy-5x2"])
+def test_split_equals_the_loop_schedule_token_after_token_from_the_first(name, block_k, block_v):
+    """One sequence, K = 40 and V = 24 (neither a multiple of the tiles: the last key slice and value block are
+    partial), an odd number of key slices: the 16 tokens from position 0 to the buffer's end, through every
+    carry of levels 1 to 4, against the loop kernel and the float64 tensor step."""
+    eager, lazy = prepared_layouts(1, 40, 24, 16, [0], seed=7)
+    check_variant(name, eager, lazy, steps=16, block_v=block_v, Hk=1, decay=True, block_k=block_k)
+
+
+@pytest.mark.parametrize("name", ["split", "lazy_split"])
+def test_split_equals_the_loop_schedule_for_a_batch_at_different_positions(name):
+    """Three sequences at positions 6, 14 and 31 (carries into levels 2, 4 and 6 among the three tokens), K = 40
+    in three key slices, V = 24 in three value blocks: nine programs a head."""
+    eager, lazy = prepared_layouts(1, 40, 24, 64, [6, 14, 31], seed=8)
+    check_variant(name, eager, lazy, steps=3, block_v=8, Hk=1, decay=True, block_k=16)
+
+
+def test_split_refuses_bad_slices():
+    cache = FenwickCache.empty(1, 2, 40, 24, max_len=8, device=DEVICE, lazy=True)
+    q, k, v, lam, g = random_step(torch.Generator().manual_seed(0), 1, 2, 1, 40, 24, cache.num_levels)
+    for bad in (24, 0, -8, 256, 16.0, True):
+        with pytest.raises(ValueError, match=re.escape(f"block_k must be a power of two from 1 to 128, got {bad!r}")):
+            decode.decode_step_(cache.levels, cache.position, q, k, v, lam, g, decay_scales=cache.decay_scales,
+                                schedule="split", block_k=bad)
+    with pytest.raises(ValueError, match=r"block_k sets the 'split' schedule's key slices, got block_k=16 with 'loop'"):
+        decode.decode_step_(cache.levels, cache.position, q, k, v, lam, g, schedule="loop", block_k=16)
+    too_many = r"a value column of its own: at most V=24, got 60 \(K=40, block_k=2, block_v=8\)"
+    with pytest.raises(ValueError, match=too_many):
+        decode.decode_step_(cache.levels, cache.position, q, k, v, lam, g, decay_scales=cache.decay_scales,
+                            schedule="split", block_k=2, block_v=8)
+    assert cache.position.item() == 0 and not cache.decay_scales.any()  # nothing ran
+
+
+def test_split_defaults_give_every_program_of_a_head_a_value_column():
+    assert decode.default_block_v("split", 21, 64) == 16 and decode.default_block_k(128, 64, 16, lazy=True) == 32
+    assert decode.split_programs(128, 64, 32, 16) == 16 and decode.split_programs(40, 24, 16, 8) == 9
+    assert decode.default_block_k(5, 6, 4, lazy=False) == 16  # block(5): one slice
+    assert decode.default_block_k(128, 4, 1, lazy=False) == 32  # the eager layout has no scales to own
+    assert decode.default_block_k(128, 4, 1, lazy=True) == 128  # 4 value columns: one slice of 4 programs
+    for K, V, block_v in [(128, 64, 8), (128, 64, 64), (40, 24, 8), (128, 2, 1), (7, 1, 1)]:
+        assert decode.split_programs(K, V, decode.default_block_k(K, V, block_v, lazy=True), block_v) <= V
 
 
 def test_default_schedule_and_tile_follow_the_batch_and_the_levels():
@@ -316,6 +376,72 @@ def test_variant_at_a_million_tokens_equals_the_loop_kernel(name, block_v):
         assert_close(got.double(), wanted.double(), rtol=1e-5, what=f"{name}, BV={block_v}, step {i}: o")
         assert_close(fast.level_values().double(), baseline.levels.double(), rtol=1e-5,
                      what=f"{name}, BV={block_v}, step {i}: levels")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_k, block_v", [(16, 8), (32, 16), (64, 16), (32, 64)])
+@pytest.mark.parametrize("lazy", [True, False], ids=["lazy", "eager"])
+def test_split_equals_the_loop_schedule_token_after_token_on_the_gpu(lazy, block_k, block_v):
+    """One sequence, 48 heads, K = 128, V = 64: up to 64 programs a head, run at once and in no order. 600 tokens from
+    position 0 against the loop schedule in the same layout, every output and the levels; on the lazy layout
+    every scale equal bit for bit after every token: a program that read a scale another program of its head had
+    already rewritten would decay its level twice (the interpreter runs programs one after another, so only here
+    could such a race show)."""
+    gen = torch.Generator().manual_seed(9)
+    B, H, K, V, T = 1, 48, 128, 64, 1024
+    baseline = FenwickCache.empty(B, H, K, V, max_len=T, device=DEVICE, lazy=lazy)
+    fast = FenwickCache.empty(B, H, K, V, max_len=T, device=DEVICE, lazy=lazy)
+    for i in range(600):
+        q, k, v, lam, g = random_step(gen, B, H, 1, K, V, baseline.num_levels)
+        wanted = decode.decode_step_(baseline.levels, baseline.position, q, k, v, lam, g,
+                                     decay_scales=baseline.decay_scales, schedule="loop")
+        got = decode.decode_step_(fast.levels, fast.position, q, k, v, lam, g, decay_scales=fast.decay_scales,
+                                  schedule="split", block_k=block_k, block_v=block_v)
+        where = f"BK={block_k}, BV={block_v}, token {i}"
+        assert_close(got.double(), wanted.double(), rtol=1e-5, atol=1e-6, what=f"{where}: o")
+        assert torch.equal(fast.position, baseline.position), where
+        if lazy:
+            assert torch.equal(fast.decay_scales, baseline.decay_scales), f"{where}: scales"
+        if i % 50 == 49:
+            assert_close(fast.level_values().double(), baseline.level_values().double(), rtol=1e-5, atol=1e-6,
+                         what=f"{where}: levels")
+
+
+@pytest.mark.gpu
+def test_split_step_replays_from_a_cuda_graph():
+    """The split schedule's two launches captured once in a CUDA graph (on the lazy layout, the position advanced by
+    the second launch), replayed token after token with new inputs copied in: the outputs, levels and positions of
+    the loop schedule's steps."""
+    gen = torch.Generator().manual_seed(10)
+    B, H, K, V, T = 1, 48, 128, 64, 256
+    fast = FenwickCache.empty(B, H, K, V, max_len=T, device=DEVICE, lazy=True)
+    baseline = FenwickCache.empty(B, H, K, V, max_len=T, device=DEVICE, lazy=True)
+    inputs = random_step(gen, B, H, 1, K, V, fast.num_levels)
+
+    def step():
+        return decode.decode_step_(fast.levels, fast.position, *inputs, decay_scales=fast.decay_scales,
+                                   schedule="split")
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compiles the kernels outside the capture
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o = step()
+    for state in (fast.levels, fast.decay_scales, fast.position):  # back to position 0 after the warm-up step
+        state.zero_()
+    for i in range(200):
+        new = random_step(gen, B, H, 1, K, V, fast.num_levels)
+        for held, x in zip(inputs, new):
+            held.copy_(x)
+        graph.replay()
+        wanted = decode.decode_step_(baseline.levels, baseline.position, *new, decay_scales=baseline.decay_scales,
+                                     schedule="loop")
+        assert_close(o.double(), wanted.double(), rtol=1e-5, atol=1e-6, what=f"token {i}: o")
+    assert torch.equal(fast.position, baseline.position)
+    assert_close(fast.level_values().double(), baseline.level_values().double(), rtol=1e-5, atol=1e-6, what="levels")
 
 
 def test_layer_decodes_with_the_kernel():

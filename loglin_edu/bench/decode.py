@@ -1,7 +1,7 @@
 """How fast and how small is decoding: one layer's operator step at long contexts, and its state's bytes.
 
     python -m loglin_edu.bench --decode [--tier gpu|cpu] [--contexts ...] [--batches ...] [--only ...]
-                                        [--block-v ...] [--num-warps ...] [--out PATH]
+                                        [--block-v ...] [--block-k ...] [--num-warps ...] [--out PATH]
 
 For every batch ``B`` and context ``T`` the token decoded is the ``T``-th: ``T - 1`` tokens are in the
 state before the step, ``T`` after. Only the operator's step is timed (no projections), on the GPU
@@ -16,6 +16,9 @@ replayed from a CUDA graph, median of many replays (:func:`loglin_edu.timing.med
   to decay) or the lazy one, each at the fastest of the setting's value tiles; every kernel row also gives the
   bytes of levels and scales the step moves (:func:`~loglin_edu.kernels.decode_step.step_bytes`) and the rate
   they move at;
+- ``loglinear_split``, ``loglinear_lazy_split``: the levels unrolled on slices of the key rows (the ``"split"``
+  schedule, two launches), eager and lazy, at the fastest of the setting's value tiles and key slices
+  (``--block-k``; by default the kernel's own slice);
 - ``loglinear_torch``: the same step by :func:`~loglin_edu.decoding.lazy_fenwick_step` (PyTorch operations);
 - ``mamba2``: Mamba-2's one state ``[B, H, K, V]`` (fp32), the Triton step kernel;
 - ``attention``: softmax attention with a KV cache ``[B, H, T, V]`` (16-bit, head width ``V``): write the
@@ -61,6 +64,7 @@ class DecodeSetting:
     memory_limit_gib: float = 140.0
     block_v: tuple[int, ...] = (8, 16, 32, 64)  # V-tiles of the Triton steps: each is timed, the fastest kept
     num_warps: tuple[int | None, ...] = (None,)  # warps of the Triton steps, None their default: timed with each tile
+    block_k: tuple[int | None, ...] = (None,)  # key rows of the split schedule's programs, None its default
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -75,10 +79,13 @@ KERNEL_VARIANTS = {
     "loglinear_unrolled": ("unrolled", False),
     "loglinear_lazy": ("loop", True),
     "loglinear_lazy_unrolled": ("unrolled", True),
+    "loglinear_split": ("split", False),
+    "loglinear_lazy_split": ("split", True),
 }
 """The rows of the log-linear decode kernel: ``name -> (schedule, lazy layout)``. ``loglinear`` is the layer's
 step: the lazy layout with the kernel's default schedule, value tile and warps (schedule ``None``), timed as it
-is; the others fix a schedule and a layout and keep the fastest of the setting's tiles."""
+is; the others fix a schedule and a layout and keep the fastest of the setting's tiles (and, for the split
+schedule, key slices)."""
 IMPLEMENTATIONS = (*KERNEL_VARIANTS, "loglinear_torch", "mamba2", "attention")
 
 
@@ -115,18 +122,41 @@ def step_ms(step: Callable[[], object], device: torch.device, graph: bool = True
     return median_ms(cuda_graph.replay, device=device), True
 
 
-def fastest_tile(step: Callable[[int, int | None], object], s: DecodeSetting, device) -> dict:
-    """Time ``step(block_v, num_warps)`` for every V-tile and warp count of the setting; the fastest, and every
-    time (keyed ``"16"``, or ``"16/8w"`` for 8 warps asked for)."""
-    times = {(bv, nw): step_ms(lambda: step(bv, nw), device) for bv in s.block_v for nw in s.num_warps}
+def tile_name(block_v: int, num_warps: int | None, block_k: int | None) -> str:
+    """``"16"``, ``"16/8w"`` for 8 warps asked for, ``"16/k32"`` for key slices of 32 rows asked for."""
+    return str(block_v) + ("" if num_warps is None else f"/{num_warps}w") + ("" if block_k is None else f"/k{block_k}")
+
+
+def fastest_tile(step: Callable[[int, int | None, int | None], object], s: DecodeSetting, device,
+                 block_k: tuple[int | None, ...] = (None,)) -> dict:
+    """Time ``step(block_v, num_warps, block_k)`` for every V-tile and warp count of the setting and every key
+    slice of ``block_k``; the fastest, and every time (keyed by :func:`tile_name`). A tile the step refuses
+    (``ValueError``: a split too fine for the lazy layout's value columns) is recorded with its reason; the step
+    must take one."""
+    times, refused = {}, {}
+    for tile in [(bv, nw, bk) for bv in s.block_v for nw in s.num_warps for bk in block_k]:
+        try:
+            times[tile] = step_ms(lambda: step(*tile), device)
+        except ValueError as error:
+            refused[tile_name(*tile)] = str(error)[:300]
+    if not times:
+        raise ValueError(f"every tile was refused: {refused}")
     best = min(times, key=lambda tile: times[tile][0])
-    return dict(step_ms=times[best][0], cuda_graph=times[best][1], block_v=best[0], num_warps=best[1],
-                block_v_ms={str(bv) + ("" if nw is None else f"/{nw}w"): t[0] for (bv, nw), t in times.items()})
+    timed = dict(step_ms=times[best][0], cuda_graph=times[best][1], block_v=best[0], num_warps=best[1],
+                 block_v_ms={tile_name(*tile): t[0] for tile, t in times.items()})
+    if best[2] is not None:
+        timed["block_k"] = best[2]
+    return timed | ({"refused_tiles": refused} if refused else {})
 
 
 def warps(num_warps: int | None) -> dict:
     """The keyword of a Triton step's warp count: none for its default."""
     return {} if num_warps is None else {"num_warps": num_warps}
+
+
+def key_rows(block_k: int | None) -> dict:
+    """The keyword of the split schedule's key slice: none for its default."""
+    return {} if block_k is None else {"block_k": block_k}
 
 
 def step_inputs(B: int, s: DecodeSetting, levels: int, device, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -171,23 +201,26 @@ def measure_loglinear(B: int, T: int, s: DecodeSetting, device, name: str) -> di
     x = step_inputs(B, s, cache.num_levels, device)
     if name in KERNEL_VARIANTS:
         from ..kernels.config import block
-        from ..kernels.decode_step import (decode_step_, default_block_v, default_num_warps, default_schedule,
-                                           step_bytes)
+        from ..kernels.decode_step import (decode_step_, default_block_k, default_block_v, default_num_warps,
+                                           default_schedule, step_bytes)
 
-        def step(bv, nw):
+        def step(bv, nw, bk):
             return decode_step_(cache.levels, cache.position, x["q"], x["k"], x["v"], x["level_scales"],
                                 x["log_decay"], decay_scales=cache.decay_scales, schedule=schedule, block_v=bv,
-                                advance=False, **warps(nw))
+                                advance=False, **warps(nw), **key_rows(bk))
 
         if schedule is None:  # the layer's step, as it runs
             schedule = default_schedule(B, s.heads)
-            ms, graph = step_ms(lambda: step(None, None), device)
+            ms, graph = step_ms(lambda: step(None, None, None), device)
             timed = dict(step_ms=ms, cuda_graph=graph, block_v=default_block_v(schedule, cache.num_levels, s.value),
                          num_warps=None)
         else:
-            timed = fastest_tile(step, s, device)
+            timed = fastest_tile(step, s, device, s.block_k if schedule == "split" else (None,))
+        if schedule == "split" and "block_k" not in timed:  # the kernel's own slice, recorded
+            timed["block_k"] = default_block_k(s.key, s.value, timed["block_v"], lazy)
         if timed["num_warps"] is None:  # the kernel's own choice, recorded
-            timed["num_warps"] = default_num_warps(schedule, cache.num_levels, block(s.key), timed["block_v"])
+            rows = timed.get("block_k", block(s.key))
+            timed["num_warps"] = default_num_warps(schedule, cache.num_levels, rows, timed["block_v"])
         moved = B * s.heads * step_bytes(T - 1, s.key, s.value, lazy)
         timed.update(schedule=schedule, layout="lazy" if lazy else "eager", moved_bytes=moved,
                      moved_gb_per_s=moved / timed["step_ms"] / 1e6)
@@ -209,8 +242,8 @@ def measure_mamba2(B: int, T: int, s: DecodeSetting, device) -> dict:
     tensors, nbytes = allocated(lambda: {"state": torch.zeros(B, s.heads, s.key, s.value, device=device)}, device)
     state = tensors["state"].normal_(0, 0.01)
     x = step_inputs(B, s, 1, device)
-    timed = fastest_tile(lambda bv, nw: mamba2_decode_step_(state, x["q"], x["k"], x["v"], x["log_decay"],
-                                                            block_v=bv, **warps(nw)), s, device)
+    timed = fastest_tile(lambda bv, nw, _: mamba2_decode_step_(state, x["q"], x["k"], x["v"], x["log_decay"],
+                                                               block_v=bv, **warps(nw)), s, device)
     return dict(timed, state_bytes=nbytes, states_per_head=1.0)
 
 
@@ -336,6 +369,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--only", nargs="*", choices=IMPLEMENTATIONS, help="implementations to run")
     parser.add_argument("--block-v", type=int, nargs="*", help="V-tiles of the Triton steps (default: the tier's)")
     parser.add_argument("--num-warps", type=int, nargs="*", help="warps of the Triton steps (default: each kernel's own)")
+    parser.add_argument("--block-k", type=int, nargs="*",
+                        help="key rows of the split schedule's programs (default: the kernel's own)")
     parser.add_argument("--memory-limit", type=float, help="GiB a KV cache may take (default 140)")
     parser.add_argument("--out", type=Path, help=f"results JSON (default {DEFAULT_RESULTS}/decode_<device>.json)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -343,7 +378,8 @@ def main(argv=None) -> dict:
 
     s = GPU if args.tier == "gpu" else CPU
     s = replace(s, contexts=tuple(args.contexts or s.contexts), batches=tuple(args.batches or s.batches),
-                block_v=tuple(args.block_v or s.block_v), num_warps=tuple(args.num_warps or s.num_warps))
+                block_v=tuple(args.block_v or s.block_v), num_warps=tuple(args.num_warps or s.num_warps),
+                block_k=tuple(args.block_k or s.block_k))
     if args.memory_limit is not None:
         s = replace(s, memory_limit_gib=args.memory_limit)
     device = torch.device("cuda" if args.tier == "gpu" else "cpu")

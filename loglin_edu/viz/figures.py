@@ -243,6 +243,8 @@ DECODE_LABELS = {
     "loglinear_unrolled": "log-linear Mamba-2 (Triton step, eager decay, levels unrolled)",
     "loglinear_lazy": "log-linear Mamba-2 (Triton step, lazy decay, level loop)",
     "loglinear_lazy_unrolled": "log-linear Mamba-2 (Triton step, lazy decay, levels unrolled)",
+    "loglinear_split": "log-linear Mamba-2 (Triton step, eager decay, levels unrolled on key slices)",
+    "loglinear_lazy_split": "log-linear Mamba-2 (Triton step, lazy decay, levels unrolled on key slices)",
     "loglinear_torch": "log-linear Mamba-2 (PyTorch step)",
     "mamba2": "Mamba-2",
     "attention": "softmax attention, KV cache",
