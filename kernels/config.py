@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..fenwick import num_chunk_levels
 
 MAX_BLOCK = 128  # widest K or V tile one program holds; wider heads are split by the wrappers
 
@@ -31,11 +30,6 @@ def head_block(n: int) -> int:
     from . import interpreted
 
     return block(n, 16 if interpreted() else 64)
-
-
-def level_block(T: int, chunk_size: int) -> int:
-    """``BL``: columns of the level-scale tile, covering levels ``0..log2 C + n`` (``n`` chunk levels)."""
-    return block(chunk_size.bit_length() + num_chunk_levels(T, chunk_size))
 
 
 PRECISIONS = ("fast", "split", "fp32", "exact")

@@ -14,12 +14,12 @@ level table is ever read from memory, so nothing here grows with ``T``.
 Memory traffic per chunk and head: q, k ``C·K`` each, v and o ``C·V`` each, λ ``C·L``. Work:
 ``2·C²·(K + V)`` flops for the two products, ``O(C²·c)`` for the level pattern.
 
-The helpers here (:func:`fenwick_levels`, :func:`level_scale_matrix`, :func:`level_column`,
-:func:`level_sums`) are reused by the delta-rule kernels of steps 7 and 8. The full kernels of steps 3
-and 4 use all ``log2 C + 1 + n`` levels (``n`` chunk levels): a tile of them would be that many columns
-rounded up to a power of two (16 up to T = 32,768 at C = 64, 32 beyond), and every column taken out of it
-a reduction over that width. They build the same ``Λ`` from one ``[C]`` column of ``level_scales`` per
-level instead (:func:`~.tiles.load_level_scale_matrix`).
+The helpers here (:func:`fenwick_levels`, :func:`level_scale_matrix`, :func:`level_column`) need only the
+``log2 C + 1`` intra-chunk levels. The full kernels of steps 3, 4, 7 and 8 use all ``log2 C + 1 + n`` levels
+(``n`` chunk levels): a tile of them would be that many columns rounded up to a power of two (16 up to
+T = 32,768 at C = 64, 32 beyond), and every column taken out of it a reduction over that width. They build
+the same ``Λ`` from one ``[C]`` column of ``level_scales`` per level instead
+(:func:`~.tiles.load_level_scale_matrix`).
 """
 
 from __future__ import annotations

@@ -78,18 +78,6 @@ def level_scale_matrix(lam, levels, C_LOG: tl.constexpr, BL: tl.constexpr):
 
 
 @triton.jit
-def level_sums(d, levels, C_LOG: tl.constexpr, BL: tl.constexpr):
-    """The backward of :func:`level_scale_matrix`: ``dλ[i, l] = Σ_{j: level(i, j) = l} d[i, j]`` for
-    ``l <= C_LOG``, as a ``[C, BL]`` tile (zero in the other columns)."""
-    cols = tl.arange(0, BL)
-    out = tl.zeros((d.shape[0], BL), dtype=d.dtype)
-    for level in tl.static_range(C_LOG + 1):
-        row = tl.sum(tl.where(levels == level, d, 0.0), 1)
-        out = tl.where(cols[None, :] == level, row[:, None], out)
-    return out
-
-
-@triton.jit
 def load_level_scales(lam_ptr, stride_t, t, T, L, BL: tl.constexpr, dtype):
     """The chunk's ``[C, BL]`` tile of ``level_scales`` as ``dtype``, zero beyond ``T`` and ``L``."""
     return load_tile(lam_ptr, stride_t, t, T, tl.arange(0, BL), L).to(dtype)

@@ -35,9 +35,8 @@ class TrainConfig:
     (and at the end); checkpoint_every: steps between checkpoints (None: only at the end); amp: bf16
     autocast on CUDA (the attention operators themselves always run in float32); tf32: the training step's float32
     matrix products on CUDA in TF32 (10-bit mantissas, the tensor cores' float32 path; evaluation stays float32);
-    compile: the loss's forward
-    and backward through ``torch.compile``; graphs: the whole step captured in a CUDA graph and replayed (CUDA
-    only). Both change how the step is launched, not what it computes (:mod:`~loglin_edu.train.step`)."""
+    compile: the loss's forward and backward through ``torch.compile``; graphs: the whole step captured in a CUDA
+    graph and replayed (CUDA only). Both change how the step is launched, not what it computes (:mod:`~loglin_edu.train.step`)."""
 
     steps: int = 1000
     batch_size: int = 64
