@@ -25,7 +25,7 @@ from .inputs import chunk_decay, fold_into_batch, kernel_layout, last_dim_contig
 from .step3_chunk_tree import FenwickTree, loglinear_forward
 from .step4_tree_backward import loglinear_backward
 
-CONFIG = LaunchConfig(head_group=1, block_levels=4, num_warps=4, tree_warps=4)
+CONFIG = LaunchConfig(head_group=1, block_levels=4, num_warps=4, tree_warps=4, tree_key_split=2, decay_sums_in_kernels=True)
 """Launch configuration used by :func:`loglinear_mamba2`: the fastest of the variants ``python -m loglin_edu.bench
 --variants`` times."""
 

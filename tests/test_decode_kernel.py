@@ -288,9 +288,10 @@ def test_default_launch_equals_the_loop_kernel(batch, heads):
     exact = FenwickCache.empty(batch, heads, K, V, max_len, dtype=torch.float64, device=DEVICE, lazy=True)
     exact.position.fill_(45)
     live = exact.live()[0]
-    exact.levels[:, :, live] = torch.randn(batch, heads, int(live.sum()), K, V, generator=gen, dtype=torch.float64)
-    exact.decay_scales[:, :, live] = 0.5 + 0.5 * torch.rand(batch, heads, int(live.sum()), 1, generator=gen,
-                                                            dtype=torch.float64)
+    exact.levels[:, :, live] = torch.randn(batch, heads, int(live.sum()), K, V, generator=gen,
+                                           dtype=torch.float64).to(DEVICE)
+    exact.decay_scales[:, :, live] = (0.5 + 0.5 * torch.rand(batch, heads, int(live.sum()), 1, generator=gen,
+                                                             dtype=torch.float64)).to(DEVICE)
     fast = FenwickCache(exact.levels.float(), exact.position.clone(), max_len, exact.decay_scales.float())
     for i in range(3):
         q, k, v, lam, g = random_step(gen, batch, heads, heads, K, V, exact.num_levels, True)
