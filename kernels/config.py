@@ -119,7 +119,10 @@ class LaunchConfig:
         last kernel that also forms ``d log_decay`` (its reverse cumulative sum in two levels: inside each chunk
         in the dq kernel, over the chunks' totals after it), rather than by PyTorch after the launches;
     decay_sums_in_kernels: the forward's decay sums ``gc``, ``gend`` by two small kernels
-        (:func:`~.inputs.chunk_decay`) rather than PyTorch's scans and copies.
+        (:func:`~.inputs.chunk_decay`) rather than PyTorch's scans and copies;
+    grad_warps: warps per program of the backward's per-chunk kernels (dk/dv, dq; ``None``: ``num_warps``);
+    node_grad_warps: warps per program of the backward's node-gradient kernel (``None``: ``tree_warps``);
+    grad_stages: software-pipelining stages of the backward's kernels (``None``: Triton's default).
     """
 
     head_group: int = 1
@@ -137,9 +140,18 @@ class LaunchConfig:
     grad_head_group: int | None = None
     grad_sums_in_kernels: bool = False
     decay_sums_in_kernels: bool = False
+    grad_warps: int | None = None
+    node_grad_warps: int | None = None
+    grad_stages: int | None = None
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
+        for name in ("grad_warps", "node_grad_warps"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1 or value & (value - 1)):
+                raise ValueError(f"{name} must be None or a power of two >= 1, got {value!r}")
+        if self.grad_stages is not None and (not isinstance(self.grad_stages, int) or self.grad_stages < 1):
+            raise ValueError(f"grad_stages must be None or an integer >= 1, got {self.grad_stages!r}")
         for name in ("tree_key_split", "upper_row_split"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1 or value & (value - 1):
@@ -167,6 +179,12 @@ class LaunchConfig:
         while split > 1 and key_block // split < head_block(1):
             split //= 2
         return split
+
+    def grad_launch(self, node_grads: bool = False) -> dict:
+        """Triton launch options of a backward kernel: its warps (``node_grads``: the node-gradient kernel's) and,
+        when set, its pipelining stages."""
+        warps = (self.node_grad_warps or self.tree_warps) if node_grads else (self.grad_warps or self.num_warps)
+        return {"num_warps": warps, **({} if self.grad_stages is None else {"num_stages": self.grad_stages})}
 
     def row_split(self, key_block: int) -> int:
         """Programs per head of the kernel above the blocks: ``upper_row_split``, at most ``key_block``."""

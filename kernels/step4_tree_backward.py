@@ -425,10 +425,10 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: in
         q.stride(0), q.stride(1), sqh, do.stride(0), do.stride(1), do.stride(2),
         level_scales.stride(0), level_scales.stride(1), level_scales.stride(2),
         C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=BK, BV=BV, M=M, IP=dot_precision(q.dtype, config.precision),
-        SPLIT_DOTS=split_dots, num_warps=config.tree_warps,
+        SPLIT_DOTS=split_dots, **config.grad_launch(node_grads=True),
     )
     common = dict(C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=BK, BV=BV, HG=HG, SHARED=shared,
-                  IP=dot_precision(q.dtype, config.precision), num_warps=config.num_warps)
+                  IP=dot_precision(q.dtype, config.precision), **config.grad_launch())
     input_strides = (q.stride(0), q.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2),
                      level_scales.stride(0), level_scales.stride(1), level_scales.stride(2),
                      do.stride(0), do.stride(1), do.stride(2))

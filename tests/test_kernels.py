@@ -292,6 +292,7 @@ GRAD_VARIANTS = {  # fields of LaunchConfig besides block_levels
     "one-group": dict(grad_head_group=4),
     "register-tree-one-group-in-kernels": dict(grad_sums_in_kernels=True, grad_head_group=4, tree_registers=True),
     "decay-sums-in-kernels": dict(decay_sums_in_kernels=True),
+    "backward-launch": dict(grad_warps=2, node_grad_warps=8, grad_stages=1),
 }
 GRAD_SHAPES = {"T40-shared": (1, 40, 4, 1, 8, 5, 16), "T40-heads": (1, 40, 2, 2, 20, 6, 16), "T10": (1, 10, 4, 1, 3, 3, 32)}
 
@@ -358,6 +359,13 @@ def test_launch_knobs_are_checked():
         LaunchConfig(tree_registers=True, tree_block_levels=7)
     assert LaunchConfig(tree_key_split=8).key_split(32) == (2 if interpreted() else 1)  # tiles >= 16 (64 on a GPU)
     assert LaunchConfig(grad_head_group=4).grad_group(6) == 3 and LaunchConfig(head_group=2).grad_group(6) == 2
+    with pytest.raises(ValueError, match="grad_warps must be None or a power of two"):
+        LaunchConfig(grad_warps=6)
+    with pytest.raises(ValueError, match="grad_stages must be None or an integer"):
+        LaunchConfig(grad_stages=0)
+    assert LaunchConfig(num_warps=4, tree_warps=2).grad_launch() == {"num_warps": 4}
+    assert LaunchConfig(tree_warps=2, grad_stages=1).grad_launch(node_grads=True) == {"num_warps": 2, "num_stages": 1}
+    assert LaunchConfig(grad_warps=8, node_grad_warps=16).grad_launch(node_grads=True)["num_warps"] == 16
 
 
 def test_unknown_precision_is_refused():

@@ -83,6 +83,7 @@ VARIANTS = {  # launch variants of LaunchConfig, each the default's function
     "register-tree-8-warps": dict(tree_registers=True, tree_key_split=2, tree_warps=8, tree_max_registers=128),
     "sums-in-kernels": dict(grad_sums_in_kernels=True),
     "one-head-group": dict(grad_head_group=64, grad_sums_in_kernels=True),
+    "backward-8-warps": dict(grad_warps=8, node_grad_warps=8, grad_stages=2),
 }
 VARIANT_CASES = [
     ((3, 333, 3, 1, 40, 24), torch.bfloat16),
