@@ -26,6 +26,11 @@ from .implementations import IMPLEMENTATIONS
 from .settings import MATMUL_FLOPS, MODELS, SETTINGS, Setting, prepare
 
 OURS = {"loglinear_mamba2": "loglinear (ours, triton)", "gated_deltanet": "loglinear gated deltanet (ours, triton)"}
+PROFILED = {"loglinear_mamba2": (OURS["loglinear_mamba2"], "mamba2 linear (ours, triton step 1)",
+                                 "mamba2 linear (ours, triton chunk-parallel)"),
+            "gated_deltanet": (OURS["gated_deltanet"],)}
+"""What ``python -m loglin_edu.bench.profile`` profiles without ``--only``: our kernels of each model (for log-linear
+Mamba-2 also the two linear Mamba-2 rungs, chapter 9's comparison)."""
 PHASES = ("forward", "backward")
 COMPILED_FIELDS = ("name", "n_regs", "n_spills", "num_warps", "num_stages", "shared")
 
@@ -198,7 +203,7 @@ def profile_lengths(s: Setting, lengths, name: str, steps: int = 5, device="cuda
                 work[name_as] = work[name_of]
         for row in kernels:
             with_registers(row, table)
-            flops = next((f for k, f in work.items() if k in row["kernel"]), None)
+            flops = work.get(row["kernel"])  # by its exact name: block_dq_kernel does not do dq_kernel's work
             if flops is not None:
                 row["flops"] = flops
                 row["floor_ms"] = 1e3 * flops / MATMUL_FLOPS
@@ -227,7 +232,7 @@ def main(argv=None) -> dict:
                         "DeltaNet")
     parser.add_argument("--lengths", type=int, nargs="*", default=[1024, 65536])
     parser.add_argument("--only", nargs="*", help="implementations to profile (names of "
-                        "loglin_edu.bench.implementations; default: the model's Triton kernels)")
+                        "loglin_edu.bench.implementations; default: PROFILED, the model's Triton kernels)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--config", help="a launch configuration of our log-linear Mamba-2 kernel, as "
                         "python -m loglin_edu.bench --variants --configs takes it (e.g. tree_registers=true)")
@@ -251,7 +256,7 @@ def main(argv=None) -> dict:
 
         config = launch_config(args.config)
         result["config"] = asdict(config)
-    for name in args.only or [OURS[args.model]]:
+    for name in args.only or PROFILED[args.model]:
         result["profiles"] += profile_lengths(s, s.lengths, name, args.steps, config=config)
         result["compiled_kernels"] = compiled_kernels()
         write_json(out, result)
