@@ -42,3 +42,25 @@ def test_an_unknown_name_lists_the_files():
 def test_plots_are_read_as_bytes():
     for name in results.names(".png"):
         assert results.read_bytes(name)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def recorded_configs(record):
+    """Every launch configuration a results record holds: of a run (``config``) or of its rows."""
+    rows = [r for key in ("variants", "rows", "linear_variants") for r in record.get(key, []) if isinstance(r, dict)]
+    return [c for c in [record.get("config"), *(r.get("config") for r in rows)] if isinstance(c, dict)]
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in RESULTS.glob("*.json")))
+def test_recorded_launch_configurations_still_build(name):
+    """A chapter compares recorded configurations by rebuilding them (``LaunchConfig(**config)``): every one must
+    still be a configuration of one of the kernels, fields added since taking their defaults."""
+    from loglin_edu.kernels.config import DeltaLaunchConfig, LaunchConfig, LinearLaunchConfig
+
+    for config in recorded_configs(results.load(name)):
+        fits = []
+        for kind in (LaunchConfig, DeltaLaunchConfig, LinearLaunchConfig):
+            try:
+                fits.append(kind(**config))
+            except TypeError:
+                pass
+        assert fits, config
