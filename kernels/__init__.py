@@ -12,7 +12,7 @@ The ladder, one file per step, each checked against the step before and against 
 
    1b. :mod:`~loglin_edu.kernels.step1b_mamba2_parallel` — the same function without the long walk: blocks of
    chunks walked in parallel, their states passed on by a short scan (Mamba-2's state passing); the
-   backward mirrors it. Its time no longer grows with ``T`` at a fixed number of tokens.
+   backward mirrors it. Its time does not grow with ``T`` at a fixed number of tokens (step 1's does).
 2. :mod:`~loglin_edu.kernels.step2_intra_chunk` — the log-linear intra-chunk product: the ``C × C`` level
    pattern ``λ[i, level(i, j)]`` applied inside a chunk (levels ``0..log2 C``).
 3. :mod:`~loglin_edu.kernels.step3_chunk_tree` — the inter-chunk levels: a Fenwick tree of ``K × V`` states

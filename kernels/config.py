@@ -115,9 +115,9 @@ class LaunchConfig:
     upper_row_split: programs per head of the kernel above the blocks, each owning that share of a state's rows;
     grad_head_group: ``head_group`` of the backward's per-chunk kernels (``None``: ``head_group``); with q, k
         shared and one group of every head, dq and dk leave the kernels summed;
-    grad_sums_in_kernels: with q, k shared, dk's per-group shares are summed inside the dq kernel and dq's in a
-        last kernel that also forms ``d log_decay`` (its reverse cumulative sum in two levels: inside each chunk
-        in the dq kernel, over the chunks' totals after it), rather than by PyTorch after the launches;
+    grad_sums_in_kernels: ``d log_decay``'s reverse cumulative sum by kernels, in two levels (inside each chunk in
+        the dq kernel, over the chunks' totals in a last kernel), and with q, k shared also dk's per-group shares
+        summed inside the dq kernel and dq's in that last kernel, rather than by PyTorch after the launches;
     decay_sums_in_kernels: the forward's decay sums ``gc``, ``gend`` by two small kernels
         (:func:`~.inputs.chunk_decay`) rather than PyTorch's scans and copies;
     grad_warps: warps per program of the backward's per-chunk kernels (dk/dv, dq; ``None``: ``num_warps``);
@@ -206,7 +206,8 @@ class LinearLaunchConfig:
     """Knobs of the chunk-parallel linear Mamba-2 kernels (step 1b); every value computes the same function.
 
     block_chunks: ``W``, the chunks one program walks (a block); states pass between blocks by a scan;
-    key_split: key columns one program of the backward's dq and dk walks carries (its rows of the state);
+    key_split: key columns one program of the backward's dq and dk walks carries (its rows of the state; at
+        least :func:`head_block` allows, :meth:`key_columns`);
     num_warps: warps per program of every walk; num_stages: software-pipelining stages of the walks (2: the
         next chunk's tiles load while this one computes).
     """
@@ -221,6 +222,11 @@ class LinearLaunchConfig:
             raise ValueError(f"block_chunks must be >= 1, got {self.block_chunks}")
         if self.key_split < 16 or self.key_split & (self.key_split - 1):
             raise ValueError(f"key_split must be a power of two >= 16, got {self.key_split}")
+
+    def key_columns(self, key_block: int) -> int:
+        """Key columns per program of the dq and dk walks: ``key_split``, at most ``key_block`` and at least the
+        narrowest tile :func:`head_block` allows (narrower state tiles compile wrong in 16 bits on Hopper)."""
+        return min(key_block, max(self.key_split, head_block(1)))
 
 
 DELTA_PRECISIONS = ("fast", "exact")

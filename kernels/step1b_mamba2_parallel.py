@@ -40,7 +40,7 @@ reverse, ``dS_c = exp(g_c) dS_{c+1} + Q̂_cᵀ dO_c`` (``Q̂ = diag(exp(gc)) Q``
 
 ``dq`` and ``dk`` need only the state's rows of their own keys, so their walks split the keys in blocks of
 64 columns (``LinearLaunchConfig.key_split``): a program then holds a ``[64, V]`` state and ``[C, 64]``
-gradients instead of twice that. Registers decide the speed of a walk: step 1's backward keeps a state and
+gradients instead of twice that (no narrower than :func:`~.config.head_block` allows on a GPU). Registers decide the speed of a walk: step 1's backward keeps a state and
 tiles of dq, dk and dv live in one program, and as compiled for Hopper it spills kilobytes per thread to
 local memory at every step; each walk here keeps one state and one gradient. ``dv`` sums over all keys and
 walks them whole.
@@ -49,8 +49,8 @@ walks them whole.
 block: launches 1, 2, 4, 5 are skipped); ``W = 1`` is the fully chunk-parallel form (every chunk's state
 in parallel, a scan of ``N`` steps, every chunk's output in parallel). A walk keeps its state in registers,
 while block states go through memory: ``K·V`` fp32 numbers (32 KB at ``K = 128``, ``V = 64``) written,
-scanned and read per *block*, against the ``C·(K + 2V)`` 16-bit numbers of q, k, v, o of a chunk
-(32 KB at ``C = 64``). At ``W = 1`` the states would be most of the traffic; at ``W = 16`` they add a
+scanned and read per *block*, against the ``C·(2K + 2V)`` 16-bit numbers of q, k, v, o of a chunk
+(48 KB at ``C = 64``; 32 KB with q, k shared by the heads and read from L2). At ``W = 1`` the states would be most of the traffic; at ``W = 16`` they add a
 sixteenth to the forward's, and the grid has ``B·H·N / 16`` programs of at most 16 steps at every ``T``.
 At ``B·T = 65,536``, 48 heads, ``C = 64``: 3,072 programs (6,144 for dq and dk), as many as step 1 has
 at ``T = 1,024`` only.
@@ -62,8 +62,9 @@ Backward: 15.2 MFLOP (plus 1.0 for the block totals) against step 1's 10.0 — `
 key block, the state products of the decay's gradient in two parts (below), each walk its own state
 update — and about 115 KB moved, as step 1's 104 KB: v and dO read by each walk, dv written, the dq and dk
 shares written and read back by the head sum (64 KB of it). At the benchmark's 49,152 chunk-heads that is
-0.23 + 0.75 TFLOP and 0.8 + 5.8 GB, so the backward is bound by memory (about 1.3 ms at 4.3 TB/s) rather
-than by its products (about 1 ms at 790 TFLOP/s), at every ``T``.
+0.23 + 0.75 TFLOP and about 1.3 + 5.8 GB (the backward's if the second key block's reads of v and dO hit L2),
+so the backward is bound by memory (about 1.3 ms at 4.3 TB/s) rather than by its products (about 1 ms at
+790 TFLOP/s), at every ``T``.
 
 The decay's gradient is step 1's, ``∂L/∂G_t = q_t · dq_t - k_t · dk_t``; its reverse cumulative sum over
 ``T`` tokens carries every rounding that does not cancel to all earlier tokens, so the walks keep the
@@ -73,7 +74,8 @@ forward's roundings (as step 4 does):
   ``D = (dO Vᵀ) ⊙ (Q Kᵀ) ⊙ E`` (a sum over key blocks), whose large diagonal cancels exactly;
 - between chunks, the query side ``Q̂_t · (S dO_t)`` and the key side ``K̂_t · (dS V_t)`` use the 16-bit
   ``Q̂, K̂`` (rounded to the input type) from which ``dS`` and ``S`` are built, and the fp32 ``S, dS`` enter
-  those products in two bf16 parts (exact; fp16 calls in tf32x3, fp32 calls exactly). Summed over the chunks
+  those products in two bf16 parts (the parts sum to them to about ``2^-16``, each product exact; fp16 calls in
+  tf32x3, fp32 calls exactly). Summed over the chunks
   after a token, the two sides then cancel but for the pairs that straddle it, as in exact arithmetic.
 
 The dq walks store the query side and the chunk's own part, the dk walks the key side, one fp32 plane per
@@ -466,7 +468,7 @@ def parallel_backward(q, k, v, gc, gend, states, do, chunk_size: int = 64,
     H, V = v.shape[2], v.shape[3]
     BK, BV = _tiles(q, v)
     N, NB = block_count(T, chunk_size, config.block_chunks)
-    KS = min(BK, config.key_split)
+    KS = config.key_columns(BK)
     acc = accumulator_dtype(q.dtype)
     shared = Hk == 1
     sqh = 0 if shared else q.stride(2)

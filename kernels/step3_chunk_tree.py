@@ -343,7 +343,8 @@ class FenwickTree(NamedTuple):
 
     nodes: ``[B, H, N, BK, BV]`` in the state dtype, slot ``e`` = the left node ending at chunk ``e``;
     residuals: what storing each node in a 16-bit type rounded away (same shape, same type), or an empty
-    tensor when nodes are stored in fp32. The backward needs them for ``d log_decay`` (:mod:`.step4_tree_backward`).
+    tensor when nodes are stored in fp32 or no backward will read them (:func:`build_tree` with ``residuals=False``
+    and ``tree_registers``). The backward needs them for ``d log_decay`` (:mod:`.step4_tree_backward`).
     """
 
     nodes: torch.Tensor

@@ -82,7 +82,7 @@ class LogLinearMamba2(torch.autograd.Function):
         M = info.batch_size
         args = [fold_into_batch(x, d, M) for x, d in zip((q, k, v, level_scales, log_decay), in_dims[:5])]
         outputs = LogLinearMamba2.apply(*args, chunk_size, config, backward)
-        residuals_dim = 0 if outputs[4].numel() else None  # empty when the nodes are fp32
+        residuals_dim = 0 if outputs[4].numel() else None  # empty: fp32 nodes, or no backward to read them
         return tuple(x.unflatten(0, (M, -1)) if x.numel() else x for x in outputs), (0, 0, 0, 0, residuals_dim)
 
 

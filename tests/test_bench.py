@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from loglin_edu.bench.profile import compiled_kernels, delta_kernel_work, kernel_work, profile_lengths
+from loglin_edu.bench.profile import PROFILED, compiled_kernels, config_of, delta_kernel_work, kernel_work, profile_lengths
 from loglin_edu.bench.settings import CPU, GDN_CPU, GDN_GPU, GPU, counted_work
 
 
@@ -104,3 +104,13 @@ def test_launch_configurations_from_the_command_line():
         launch_config("8,3")
     with pytest.raises(TypeError):
         launch_config("no_such_field=1")
+
+
+def test_a_profiled_launch_configuration_goes_to_our_log_linear_kernel_only():
+    """``--config`` configures our log-linear kernel; the linear rungs profiled beside it keep their own launches."""
+    from loglin_edu.kernels.config import LaunchConfig
+
+    config = LaunchConfig(tree_key_split=2)
+    given = {name: config_of(name, "loglinear_mamba2", config) for name in PROFILED["loglinear_mamba2"]}
+    assert given == {"loglinear (ours, triton)": config, "mamba2 linear (ours, triton step 1)": None,
+                     "mamba2 linear (ours, triton chunk-parallel)": None}

@@ -194,6 +194,22 @@ def test_variant_equals_the_loop_kernel_from_the_first_token(name, decay):
     check_variant(name, eager, lazy, steps=8, block_v=4, Hk=2, decay=decay, block_k=SMALL_SLICE)
 
 
+@pytest.mark.parametrize("name", ["loop", *VARIANTS])
+def test_step_without_advance_updates_the_state_and_keeps_the_position(name):
+    """``advance=False`` (the benchmark repeats one position with it): the same output and the same levels as the
+    step that advances, the position left as it was."""
+    schedule, is_lazy = ("loop", False) if name == "loop" else VARIANTS[name]
+    eager, lazy = prepared_layouts(2, 5, 6, 16, [3, 6], seed=9)
+    advanced, kept = fp32(lazy if is_lazy else eager), fp32(lazy if is_lazy else eager)
+    q, k, v, lam, g = random_step(torch.Generator().manual_seed(12), 2, 2, 2, 5, 6, advanced.num_levels)
+    outputs = [decode.decode_step_(c.levels, c.position, q, k, v, lam, g, decay_scales=c.decay_scales, schedule=schedule,
+                                   block_v=4, advance=advance) for c, advance in ((advanced, True), (kept, False))]
+    assert kept.position.tolist() == [3, 6] and advanced.position.tolist() == [4, 7]
+    assert torch.equal(outputs[0], outputs[1])
+    assert torch.equal(advanced.levels.nan_to_num(), kept.levels.nan_to_num())  # stored tiles (the lazy layout's
+    assert advanced.decay_scales is None or torch.equal(advanced.decay_scales, kept.decay_scales)  # dead ones: NaN)
+
+
 @pytest.mark.parametrize("name", VARIANTS)
 def test_variant_stays_inside_its_tensors(name):
     """As :func:`test_kernel_step_stays_inside_its_tensors`, for each variant (the lazy scales padded too)."""

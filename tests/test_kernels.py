@@ -245,6 +245,23 @@ def test_tree_variants_build_the_default_tree_bit_for_bit(shape, variant):
     assert torch.equal(out, ref)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("m", [5, 6])
+def test_register_tree_of_the_deepest_blocks_builds_the_default_tree(m):
+    """fp32, blocks of 2^5 and 2^6 chunks, whose pending nodes of levels 4 and 5 only these heights hold: the same
+    nodes in every slot that is read as the default tree (which merges every level above 2^2 chunks after the
+    blocks)."""
+    from loglin_edu.kernels.step3_chunk_tree import build_tree
+
+    B, T, H, K, V, C = 1, 16 * 150, 2, 4, 4, 16
+    q, k, v, lam, g = (x.float() for x in inputs(B, T, H, 1, K, V, seed=m))
+    gc, gend = chunk_decay(g, B, T, H, C, q.device)
+    ref = build_tree(k, v, gc, gend, C, LaunchConfig(block_levels=2)).nodes
+    nodes = build_tree(k, v, gc, gend, C, LaunchConfig(block_levels=2, tree_registers=True, tree_block_levels=m)).nodes
+    N = -(-T // C)
+    assert torch.equal(nodes[:, :, : N - 1], ref[:, :, : N - 1])
+
+
 def test_register_tree_keeps_16_bit_nodes_and_residuals_of_its_fp32_states(monkeypatch):
     """16-bit nodes (fp16 here, as bf16 calls store them): the register schedule merges its children unrounded, so
     each node plus its residual is its fp32 state to the residual's rounding — the state the fp32-node tree stores
@@ -294,7 +311,8 @@ GRAD_VARIANTS = {  # fields of LaunchConfig besides block_levels
     "decay-sums-in-kernels": dict(decay_sums_in_kernels=True),
     "backward-launch": dict(grad_warps=2, node_grad_warps=8, grad_stages=1),
 }
-GRAD_SHAPES = {"T40-shared": (1, 40, 4, 1, 8, 5, 16), "T40-heads": (1, 40, 2, 2, 20, 6, 16), "T10": (1, 10, 4, 1, 3, 3, 32)}
+GRAD_SHAPES = {"T40-shared": (1, 40, 4, 1, 8, 5, 16), "T40-heads": (1, 40, 2, 2, 20, 6, 16), "T10": (1, 10, 4, 1, 3, 3, 32),
+               "T40-12-heads": (1, 40, 12, 1, 8, 5, 16)}  # 12 head groups share 16 rows 2 by 2: 4 get none
 
 
 @functools.lru_cache

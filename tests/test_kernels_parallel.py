@@ -50,7 +50,7 @@ def assert_all_close(got, want, rtol, what):
 
 
 CASES = [  # (B, T, H, Hk, K, V), C, block_chunks, key_split
-    ((2, 50, 3, 1, 8, 5), 16, 2, 64),  # q, k shared; T off the chunk grid; the last block shorter
+    ((2, 70, 3, 1, 8, 5), 16, 2, 64),  # q, k shared; T off the chunk grid; N = 5 chunks: blocks of 2, 2 and 1
     ((1, 11, 2, 1, 8, 8), 16, 16, 64),  # T < C: one chunk, one block
     ((1, 90, 2, 2, 40, 24), 16, 2, 16),  # per-head q, k; K, V off the tiles; keys in four blocks of 16
     ((1, 70, 2, 1, 40, 24), 16, 1, 32),  # every chunk its own block; keys in two blocks

@@ -224,6 +224,12 @@ def profile_lengths(s: Setting, lengths, name: str, steps: int = 5, device="cuda
     return out
 
 
+def config_of(name: str, model: str, config):
+    """The launch configuration to profile implementation ``name`` with: ``--config`` for our kernel of ``model``
+    (the only one it configures), ``None`` (its own defaults) for every other."""
+    return config if name == OURS[model] else None
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m loglin_edu.bench.profile",
                                      description="Device time of every kernel of one forward and one backward.")
@@ -257,7 +263,7 @@ def main(argv=None) -> dict:
         config = launch_config(args.config)
         result["config"] = asdict(config)
     for name in args.only or PROFILED[args.model]:
-        result["profiles"] += profile_lengths(s, s.lengths, name, args.steps, config=config)
+        result["profiles"] += profile_lengths(s, s.lengths, name, args.steps, config=config_of(name, args.model, config))
         result["compiled_kernels"] = compiled_kernels()
         write_json(out, result)
     print(f"wrote {out}")
