@@ -50,10 +50,12 @@ walks them whole.
 ``W`` (``LinearLaunchConfig.block_chunks``) is the knob between two extremes: ``W = N`` is step 1 (one
 block: launches 1, 2, 4, 5 are skipped); ``W = 1`` is the fully chunk-parallel form (every chunk's state
 in parallel, a scan of ``N`` steps, every chunk's output in parallel). A walk keeps its state in registers,
-while block states go through memory: ``K·V`` fp32 numbers (32 KB at ``K = 128``, ``V = 64``) written,
-scanned and read per *block*, against the ``C·(2K + 2V)`` 16-bit numbers of q, k, v, o of a chunk
-(48 KB at ``C = 64``; 32 KB with q, k shared by the heads and read from L2). At ``W = 1`` the states would be most of the traffic; at ``W = 16`` they add a
-sixteenth to the forward's, and the grid has ``B·H·N / 16`` programs of at most 16 steps at every ``T``.
+while block states go through memory: ``K·V`` fp32 numbers (32 KB at ``K = 128``, ``V = 64``) per *block*,
+written, read and rewritten by the scan, and read again — four passes, 128 KB per block — against the
+``C·(2K + 2V)`` 16-bit numbers of q, k, v, o of a chunk (48 KB at ``C = 64``; 16 KB of v and o when q, k are
+shared by the heads and read from L2). At ``W = 1`` the states would be most of the traffic; at ``W = 16`` they
+are 8 KB per chunk, and the grid has ``B·H·N / 16`` programs of at most 16 steps, a number set by the tokens
+per step ``B·T`` alone.
 At ``B·T = 65,536``, 48 heads, ``C = 64``: 3,072 programs (6,144 for dq and dk), as many as step 1 has
 at ``T = 1,024`` only.
 

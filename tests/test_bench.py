@@ -100,10 +100,35 @@ def test_launch_configurations_from_the_command_line():
     assert launch_config("8,3,4,8") == LaunchConfig(head_group=8, block_levels=3, num_warps=4, tree_warps=8)
     assert launch_config("tree_registers=true, tree_key_split=2,tree_block_levels=none,precision=exact") == LaunchConfig(
         tree_registers=True, tree_key_split=2, tree_block_levels=None, precision="exact")
-    with pytest.raises(ValueError, match="G,M,W,TW or field=value"):
+    with pytest.raises(ValueError, match="head_group,block_levels,num_warps,tree_warps \\(integers\\) or field=value"):
         launch_config("8,3")
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="LaunchConfig has no field no_such_field"):
         launch_config("no_such_field=1")
+    with pytest.raises(ValueError, match="or field=value pairs, got 'a=1,b'"):
+        launch_config("a=1,b")
+
+
+def test_every_kind_of_launch_configuration_from_the_command_line():
+    from loglin_edu.bench.measure import config_from_spec
+    from loglin_edu.kernels.config import DeltaLaunchConfig, LinearLaunchConfig
+
+    assert config_from_spec("8,32,4,2", LinearLaunchConfig) == LinearLaunchConfig(8, 32, 4, 2)
+    assert config_from_spec("num_stages=1", LinearLaunchConfig) == LinearLaunchConfig(num_stages=1)
+    assert config_from_spec("32,32,4,8,1", DeltaLaunchConfig) == DeltaLaunchConfig(
+        value_tile=32, grad_value_tile=32, walk_warps=4, grad_warps=8, num_stages=1)
+    with pytest.raises(ValueError, match="block_chunks,key_split,num_warps,num_stages"):
+        config_from_spec("1,16", LinearLaunchConfig)
+
+
+def test_the_cli_refuses_launch_options_without_variants(capsys):
+    from loglin_edu.bench.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["--tier", "cpu", "--linear"])
+    assert "--linear and --configs go with --variants" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--tier", "cpu", "--variants", "--linear", "--configs", "1,16"])
+    assert "--configs: a launch configuration is block_chunks,key_split" in capsys.readouterr().err
 
 
 def test_a_profiled_launch_configuration_goes_to_our_log_linear_kernel_only():

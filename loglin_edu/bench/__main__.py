@@ -13,7 +13,7 @@ import torch
 from ..provenance import DEFAULT_RESULTS, device_slug, provenance, write_json
 from .accuracy import ACCURACY_SHAPES, DELTA_ACCURACY_SHAPES, accuracy, delta_accuracy
 from .implementations import BY_MODEL, CPU_ONLY, GPU_ONLY
-from .measure import benchmark, launch_config, precision_ladder, variants
+from .measure import benchmark, config_from_spec, precision_ladder, variants
 from .report import plot, summary_table, with_floor
 from .settings import MODELS, SETTINGS, Setting
 
@@ -63,6 +63,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--decode", action="store_true",
                         help="the decoding benchmark instead (its own options: --decode --help)")
     args = parser.parse_args(argv)
+    if (args.linear or args.configs) and not args.variants:
+        parser.error("--linear and --configs go with --variants")
 
     s = SETTINGS[args.model, args.tier]
     overrides = {name: value for name, value in (("lengths", tuple(args.lengths or ())), ("heads", args.heads),
@@ -90,19 +92,15 @@ def main(argv=None) -> dict:
     elif args.variants:
         from ..kernels.config import DeltaLaunchConfig, LaunchConfig, LinearLaunchConfig
 
-        if args.linear:
-            if delta:
-                parser.error("--linear times linear Mamba-2: it goes with --model loglinear_mamba2")
-            chosen = [tuple(int(x) for x in c.split(",")) for c in args.configs] if args.configs else LINEAR_VARIANTS
-            configs = [LinearLaunchConfig(block_chunks=w, key_split=ks, num_warps=nw, num_stages=st)
-                       for w, ks, nw, st in chosen]
-        elif delta:
-            chosen = [tuple(int(x) for x in c.split(",")) for c in args.configs] if args.configs else DELTA_VARIANTS
-            configs = [DeltaLaunchConfig(value_tile=bv, grad_value_tile=gv, walk_warps=w, grad_warps=gw, num_stages=st)
-                       for bv, gv, w, gw, st in chosen]
-        else:
-            configs = ([launch_config(c) for c in args.configs] if args.configs else
-                       [LaunchConfig(head_group=g, block_levels=m, num_warps=w, tree_warps=tw) for g, m, w, tw in VARIANTS])
+        if args.linear and delta:
+            parser.error("--linear times linear Mamba-2: it goes with --model loglinear_mamba2")
+        kind, defaults = ((LinearLaunchConfig, LINEAR_VARIANTS) if args.linear else (DeltaLaunchConfig, DELTA_VARIANTS)
+                          if delta else (LaunchConfig, VARIANTS))
+        specs = args.configs or [",".join(map(str, values)) for values in defaults]
+        try:
+            configs = [config_from_spec(spec, kind) for spec in specs]
+        except ValueError as error:
+            parser.error(f"--configs: {error}")
         result["variants"] = variants(s, s.lengths, configs, device, linear=args.linear)
     else:
         names = [n for n in BY_MODEL[args.model] if n not in (GPU_ONLY if device.type == "cpu" else CPU_ONLY)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from dataclasses import fields as dataclass_fields
 
 import torch
 
@@ -93,17 +94,28 @@ def ours_of(s: Setting):
     return "loglinear (ours, triton)", ours
 
 
-def launch_config(spec: str):
-    """A :class:`~loglin_edu.kernels.config.LaunchConfig` from the command line: ``"G,M,W,TW"`` (head_group,
-    block_levels, num_warps, tree_warps) or ``"field=value,..."`` with any of its fields (``true``/``false``,
-    ``none``, integers, or text), e.g. ``"tree_registers=true,tree_key_split=2,grad_sums_in_kernels=true"``."""
-    from ..kernels.config import LaunchConfig
+POSITIONAL_FIELDS = {
+    "LaunchConfig": ("head_group", "block_levels", "num_warps", "tree_warps"),
+    "DeltaLaunchConfig": ("value_tile", "grad_value_tile", "walk_warps", "grad_warps", "num_stages"),
+    "LinearLaunchConfig": ("block_chunks", "key_split", "num_warps", "num_stages"),
+}
+"""The fields a comma-separated list of integers gives, in order, for each kind of launch configuration."""
 
+
+def config_from_spec(spec: str, kind):
+    """A launch configuration of class ``kind`` from the command line: integers for its
+    :data:`POSITIONAL_FIELDS` in order (``"8,3,4,8"``), or ``"field=value,..."`` with any of its fields
+    (``true``/``false``, ``none``, integers, or text), e.g. ``"tree_registers=true,tree_key_split=2"``."""
+    positional = POSITIONAL_FIELDS[kind.__name__]
+    expected = f"{','.join(positional)} (integers) or field=value pairs"
     if "=" not in spec:
-        parts = [int(x) for x in spec.split(",")]
-        if len(parts) != 4:
-            raise ValueError(f"a launch configuration is G,M,W,TW or field=value pairs, got {spec!r}")
-        return LaunchConfig(head_group=parts[0], block_levels=parts[1], num_warps=parts[2], tree_warps=parts[3])
+        try:
+            parts = [int(x) for x in spec.split(",")]
+        except ValueError:
+            raise ValueError(f"a launch configuration is {expected}, got {spec!r}") from None
+        if len(parts) != len(positional):
+            raise ValueError(f"a launch configuration is {expected}, got {spec!r}")
+        return kind(**dict(zip(positional, parts)))
 
     def value(text: str):
         words = {"true": True, "false": False, "none": None}
@@ -111,8 +123,22 @@ def launch_config(spec: str):
             return words[text.lower()]
         return int(text) if text.lstrip("-").isdigit() else text
 
-    fields = dict(item.split("=", 1) for item in spec.split(","))
-    return LaunchConfig(**{name.strip(): value(text.strip()) for name, text in fields.items()})
+    items = [item.split("=", 1) for item in spec.split(",")]
+    if any(len(item) != 2 for item in items):
+        raise ValueError(f"a launch configuration is {expected}, got {spec!r}")
+    fields = {name.strip(): value(text.strip()) for name, text in items}
+    unknown = sorted(set(fields) - {f.name for f in dataclass_fields(kind)})
+    if unknown:
+        raise ValueError(f"{kind.__name__} has no field {', '.join(unknown)} (got {spec!r})")
+    return kind(**fields)
+
+
+def launch_config(spec: str):
+    """A :class:`~loglin_edu.kernels.config.LaunchConfig` from the command line (:func:`config_from_spec`):
+    ``"G,M,W,TW"`` (head_group, block_levels, num_warps, tree_warps) or ``"field=value,..."``."""
+    from ..kernels.config import LaunchConfig
+
+    return config_from_spec(spec, LaunchConfig)
 
 
 def variants(s: Setting, lengths, configs, device, linear: bool = False) -> list[dict]:
