@@ -319,8 +319,8 @@ def fenwick_decode_unrolled_kernel(
 @triton.jit
 def lazy_decode_unrolled_kernel(
     levels_ptr, scales_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, out_ptr,
-    K, V, L: tl.constexpr, NK, P,
-    s_lb, s_lh, s_ll, s_lk, s_cb, s_ch, s_cl, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, s_ok, s_ob, s_oh,
+    K, V, L: tl.constexpr, NK,
+    s_lb, s_lh, s_ll, s_lk, s_cb, s_ch, s_cl, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, s_ok, s_ob, s_oh, P,
     HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SPLIT: tl.constexpr, COLS: tl.constexpr,
 ):
     """The ``"unrolled"`` schedule, lazy layout, and with SPLIT the ``"split"`` one: arguments as
@@ -584,8 +584,8 @@ def unrolled_launch(levels, decay_scales, position, q, k, v, level_scales, g, o,
                                              *level_strides, *token_strides, *out_strides, SPLIT=split, **meta)
     else:
         cols = triton.next_power_of_2(triton.cdiv(V, P)) if split else 1
-        lazy_decode_unrolled_kernel[grid](levels, decay_scales, position, q, k, v, level_scales, g, out, K, V, L, NK, P,
-                                          *level_strides, *decay_scales.stride()[:3], *token_strides, *out_strides,
+        lazy_decode_unrolled_kernel[grid](levels, decay_scales, position, q, k, v, level_scales, g, out, K, V, L, NK,
+                                          *level_strides, *decay_scales.stride()[:3], *token_strides, *out_strides, P,
                                           SPLIT=split, COLS=cols, **meta)
     if split:
         N = B * H * V
