@@ -442,6 +442,11 @@ def default_block_k(key_dim: int, value_dim: int, block_v: int, lazy: bool) -> i
     return rows
 
 
+class SliceRefused(ValueError):
+    """A key slice the ``"split"`` schedule on the lazy layout cannot run: more programs per head than value
+    columns to own (:func:`check_block_k`)."""
+
+
 def check_block_k(block_k, key_dim: int, value_dim: int, block_v: int, lazy: bool) -> None:
     """``block_k`` must be a power of two from 1 to :data:`MAX_BLOCK`; on the lazy layout a head's
     :func:`split_programs` must be at most ``V``."""
@@ -450,7 +455,7 @@ def check_block_k(block_k, key_dim: int, value_dim: int, block_v: int, lazy: boo
         raise ValueError(f"block_k must be a power of two from 1 to {MAX_BLOCK}, got {block_k!r}")
     programs = split_programs(key_dim, value_dim, block_k, block_v)
     if lazy and programs > value_dim:
-        raise ValueError(
+        raise SliceRefused(
             f"the split schedule on the lazy layout gives each of a head's ceil(K / block_k) · ceil(V / block_v) "
             f"programs a value column of its own: at most V={value_dim}, got {programs} (K={key_dim}, "
             f"block_k={block_k}, block_v={block_v})"

@@ -54,3 +54,30 @@ def test_a_kv_cache_over_the_limit_is_skipped_with_its_reason():
 
     row = measure("attention", 2, 64, replace(CPU, memory_limit_gib=1e-6), torch.device("cpu"))
     assert "step_ms" not in row and "exceeds the limit of 1e-06 GiB" in row["skipped"]
+
+
+def test_the_fastest_tile_records_refused_slices_and_raises_other_errors():
+    """A slice the split schedule refuses is kept with its reason; any other error is the step's own and is raised."""
+    from dataclasses import replace
+
+    import torch
+
+    from loglin_edu.bench.decode import CPU, fastest_tile, tile_name
+    from loglin_edu.kernels.decode_step import SliceRefused
+
+    def step(block_v, num_warps, block_k):
+        if block_k == 1:
+            raise SliceRefused("too many programs")
+        return torch.zeros(1)
+
+    setting = replace(CPU, block_v=(8, 16))
+    timed = fastest_tile(step, setting, torch.device("cpu"), block_k=(1, 16))
+    assert timed["block_k"] == 16 and set(timed["refused_tiles"]) == {tile_name(8, None, 1), tile_name(16, None, 1)}
+    with pytest.raises(ValueError, match="every tile was refused"):
+        fastest_tile(step, setting, torch.device("cpu"), block_k=(1,))
+
+    def broken(block_v, num_warps, block_k):
+        raise ValueError("a bug, not a refusal")
+
+    with pytest.raises(ValueError, match="a bug"):
+        fastest_tile(broken, setting, torch.device("cpu"))

@@ -131,13 +131,15 @@ def fastest_tile(step: Callable[[int, int | None, int | None], object], s: Decod
                  block_k: tuple[int | None, ...] = (None,)) -> dict:
     """Time ``step(block_v, num_warps, block_k)`` for every V-tile and warp count of the setting and every key
     slice of ``block_k``; the fastest, and every time (keyed by :func:`tile_name`). A tile the step refuses
-    (``ValueError``: a split too fine for the lazy layout's value columns) is recorded with its reason; the step
-    must take one."""
+    (:class:`~loglin_edu.kernels.decode_step.SliceRefused`: a split too fine for the lazy layout's value columns) is
+    recorded with its reason; the step must take one, and any other error is raised."""
+    from ..kernels.decode_step import SliceRefused
+
     times, refused = {}, {}
     for tile in [(bv, nw, bk) for bv in s.block_v for nw in s.num_warps for bk in block_k]:
         try:
             times[tile] = step_ms(lambda: step(*tile), device)
-        except ValueError as error:
+        except SliceRefused as error:
             refused[tile_name(*tile)] = str(error)[:300]
     if not times:
         raise ValueError(f"every tile was refused: {refused}")
