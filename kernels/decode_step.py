@@ -36,7 +36,9 @@ Three schedules of the levels (``schedule=``; by default :func:`default_schedule
       partial[i_k] = Σ_{k in slice i_k} q_k (Σ_l λ_l S^(l))_k        partial: [NK, B, H, V] fp32,
 
   and a second launch sums the parts in slice order (the same result at every run) into ``o`` and advances the
-  position: two launches, as the other schedules' kernel and ``position.add_(1)``.
+  position: two launches, as the other schedules' kernel and ``position.add_(1)``. One kernel per layout serves
+  the ``"unrolled"`` and ``"split"`` schedules, a compile-time flag choosing the program's rows and where its
+  output goes: the unrolled schedule is the split one with a single slice, its output stored whole.
 
 Two layouts (``decay_scales=``): the eager one above, and the lazy one of
 :class:`~loglin_edu.decoding.FenwickCache` (a level's value ``c^(l) stored^(l)``, its scale repeated in
@@ -182,7 +184,7 @@ def store_output(o_ptr, out, i_b, i_h, sob, soh, rv, V):
 @triton.jit
 def fenwick_decode_kernel(
     levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, o_ptr,
-    H, K, V, L,
+    K, V, L,
     s_lb, s_lh, s_ll, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, sob, soh,
     HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
@@ -207,38 +209,9 @@ def fenwick_decode_kernel(
 
 
 @triton.jit
-def fenwick_decode_unrolled_kernel(
-    levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, o_ptr,
-    H, K, V, L: tl.constexpr,
-    s_lb, s_lh, s_ll, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, sob, soh,
-    HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-):
-    """The ``"unrolled"`` schedule, eager layout: arguments as :func:`fenwick_decode_kernel`, ``L`` a constant."""
-    i_v, i_h, i_b, rk, rv, t, q, k, v, decay, base, tile, lam_row = program_start(
-        levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V,
-        s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, HAS_DECAY, BK, BV)
-    states, lams = (), ()
-    for i_l in tl.static_range(L):  # every load issued before any is used: no store stands between them
-        live_before, _, _, _ = level_flags(t, tl.full((), i_l, tl.int64))
-        states += (tl.load(base + i_l * s_ll + tile, mask=tile_mask(rk, rv, live_before, K, V), other=0.0),)
-        lams += (tl.load(lam_row + i_l).to(tl.float32),)
-    written = k[:, None] * v[None, :]
-    carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m <= l} S^(m) before the step
-    weighted = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_l λ_l S^(l) after the step
-    for i_l in tl.static_range(L):
-        lvl = tl.full((), i_l, tl.int64)
-        live_before, live_after, into, cleared = level_flags(t, lvl)
-        state, carried = eager_level(states[i_l], carried, written, lvl, into, cleared, decay)
-        tl.store(base + i_l * s_ll + tile, state, mask=tile_mask(rk, rv, live_before | live_after, K, V))
-        weighted += lams[i_l] * state
-    out = tl.sum(q[:, None] * weighted, 0)
-    store_output(o_ptr, out, i_b, i_h, sob, soh, rv, V)
-
-
-@triton.jit
 def lazy_decode_kernel(
     levels_ptr, scales_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, o_ptr,
-    H, K, V, L,
+    K, V, L,
     s_lb, s_lh, s_ll, s_lk, s_cb, s_ch, s_cl, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, sob, soh,
     HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
@@ -265,41 +238,6 @@ def lazy_decode_kernel(
         tl.store(ptrs, state, mask=tile_mask(rk, rv, into | (lvl == 0), K, V))
         store_scale(scale_row + i_l * s_cl, scale, rv, V, live_before | live_after, BV)
         weighted += tl.load(lam_row + i_l).to(tl.float32) * scale * state
-    out = tl.sum(q[:, None] * weighted, 0)
-    store_output(o_ptr, out, i_b, i_h, sob, soh, rv, V)
-
-
-@triton.jit
-def lazy_decode_unrolled_kernel(
-    levels_ptr, scales_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, o_ptr,
-    H, K, V, L: tl.constexpr,
-    s_lb, s_lh, s_ll, s_lk, s_cb, s_ch, s_cl, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, sob, soh,
-    HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-):
-    """The ``"unrolled"`` schedule, lazy layout: arguments as :func:`lazy_decode_kernel`, ``L`` a constant; one
-    barrier between the loads of every scale and the first store of one (the race :func:`lazy_decode_kernel`
-    describes)."""
-    i_v, i_h, i_b, rk, rv, t, q, k, v, decay, base, tile, lam_row = program_start(
-        levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V,
-        s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, HAS_DECAY, BK, BV)
-    scale_row = scales_ptr + i_b.to(tl.int64) * s_cb + i_h.to(tl.int64) * s_ch + i_v * BV  # the first column
-    states, scales, lams = (), (), ()
-    for i_l in tl.static_range(L):  # every load issued before any is used: no store stands between them
-        live_before, _, _, _ = level_flags(t, tl.full((), i_l, tl.int64))
-        states += (tl.load(base + i_l * s_ll + tile, mask=tile_mask(rk, rv, live_before, K, V), other=0.0),)
-        scales += (tl.load(scale_row + i_l * s_cl, mask=live_before, other=0.0),)
-        lams += (tl.load(lam_row + i_l).to(tl.float32),)
-    tl.debug_barrier()  # every thread has read every scale before any thread overwrites one below
-    written = k[:, None] * v[None, :]
-    carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m <= l} c^(m) stored^(m) before the step
-    weighted = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_l λ_l c^(l) stored^(l) after the step
-    for i_l in tl.static_range(L):
-        lvl = tl.full((), i_l, tl.int64)
-        live_before, live_after, into, cleared = level_flags(t, lvl)
-        state, scale, carried = lazy_level(states[i_l], scales[i_l], carried, written, lvl, into, cleared, decay)
-        tl.store(base + i_l * s_ll + tile, state, mask=tile_mask(rk, rv, into | (lvl == 0), K, V))
-        store_scale(scale_row + i_l * s_cl, scale, rv, V, live_before | live_after, BV)
-        weighted += lams[i_l] * scale * state
     out = tl.sum(q[:, None] * weighted, 0)
     store_output(o_ptr, out, i_b, i_h, sob, soh, rv, V)
 
@@ -338,69 +276,99 @@ def store_partial(partial_ptr, out, i_k, i_b, i_h, s_pk, s_pb, s_ph, rv, V):
 
 
 @triton.jit
-def split_decode_kernel(
-    levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, partial_ptr,
-    H, K, V, L: tl.constexpr, NK,
-    s_lb, s_lh, s_ll, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, s_pk, s_pb, s_ph,
-    HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+def fenwick_decode_unrolled_kernel(
+    levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, out_ptr,
+    K, V, L: tl.constexpr, NK,
+    s_lb, s_lh, s_ll, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, s_ok, s_ob, s_oh,
+    HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SPLIT: tl.constexpr,
 ):
-    """The ``"split"`` schedule, eager layout: :func:`fenwick_decode_unrolled_kernel` on the ``BK`` key rows of slice
-    ``i_k``. Grid ``(NK · V / BV, H, B)``, ``NK = ceil(K / BK)``; arguments as :func:`fenwick_decode_kernel` but the
-    output: partial: ``[NK, B, H, V]`` fp32, ``partial[i_k] = Σ_{k in slice i_k} q_k (Σ_l λ_l S^(l))_k``."""
-    i_kv, i_k, i_h, i_b, rk, rv, t, q, k, v, decay, base, tile, lam_row = slice_start(
-        levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V, NK,
-        s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, HAS_DECAY, BK, BV)
+    """The ``"unrolled"`` schedule, eager layout, and with SPLIT the ``"split"`` one (the same on the ``BK`` key rows
+    of slice ``i_k``): arguments as :func:`fenwick_decode_kernel` but ``L`` a constant and the output ``out`` with
+    strides ``s_ok, s_ob, s_oh``. Without SPLIT: grid ``(V / BV, H, B)``, out is o: ``[B, H, V]`` (``NK`` and
+    ``s_ok`` unused). With SPLIT: grid ``(NK · V / BV, H, B)``, ``NK = ceil(K / BK)``, out is partial:
+    ``[NK, B, H, V]`` fp32, ``partial[i_k] = Σ_{k in slice i_k} q_k (Σ_l λ_l S^(l))_k``."""
+    if SPLIT:
+        i_kv, i_k, i_h, i_b, rk, rv, t, q, k, v, decay, base, tile, lam_row = slice_start(
+            levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V, NK,
+            s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, HAS_DECAY, BK, BV)
+    else:
+        i_v, i_h, i_b, rk, rv, t, q, k, v, decay, base, tile, lam_row = program_start(
+            levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V,
+            s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, HAS_DECAY, BK, BV)
     states, lams = (), ()
     for i_l in tl.static_range(L):  # every load issued before any is used: no store stands between them
         live_before, _, _, _ = level_flags(t, tl.full((), i_l, tl.int64))
         states += (tl.load(base + i_l * s_ll + tile, mask=tile_mask(rk, rv, live_before, K, V), other=0.0),)
         lams += (tl.load(lam_row + i_l).to(tl.float32),)
     written = k[:, None] * v[None, :]
-    carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m <= l} S^(m) before the step, on the slice's rows
-    weighted = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_l λ_l S^(l) after the step, on the slice's rows
+    carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m <= l} S^(m) before the step, on the program's rows
+    weighted = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_l λ_l S^(l) after the step, on the program's rows
     for i_l in tl.static_range(L):
         lvl = tl.full((), i_l, tl.int64)
         live_before, live_after, into, cleared = level_flags(t, lvl)
         state, carried = eager_level(states[i_l], carried, written, lvl, into, cleared, decay)
         tl.store(base + i_l * s_ll + tile, state, mask=tile_mask(rk, rv, live_before | live_after, K, V))
         weighted += lams[i_l] * state
-    store_partial(partial_ptr, tl.sum(q[:, None] * weighted, 0), i_k, i_b, i_h, s_pk, s_pb, s_ph, rv, V)
+    out = tl.sum(q[:, None] * weighted, 0)
+    if SPLIT:
+        store_partial(out_ptr, out, i_k, i_b, i_h, s_ok, s_ob, s_oh, rv, V)
+    else:
+        store_output(out_ptr, out, i_b, i_h, s_ob, s_oh, rv, V)
 
 
 @triton.jit
-def split_lazy_decode_kernel(
-    levels_ptr, scales_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, partial_ptr,
-    H, K, V, L: tl.constexpr, NK, P,
-    s_lb, s_lh, s_ll, s_lk, s_cb, s_ch, s_cl, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, s_pk, s_pb, s_ph,
-    HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, COLS: tl.constexpr,
+def lazy_decode_unrolled_kernel(
+    levels_ptr, scales_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, out_ptr,
+    K, V, L: tl.constexpr, NK,
+    s_lb, s_lh, s_ll, s_lk, s_cb, s_ch, s_cl, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, s_ok, s_ob, s_oh, P,
+    HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SPLIT: tl.constexpr, COLS: tl.constexpr,
 ):
-    """The ``"split"`` schedule, lazy layout: arguments as :func:`split_decode_kernel` and scales ``[B, H, L, V]``
-    (:func:`lazy_decode_kernel`); ``P = NK · V / BV <= V`` programs per head, ``COLS >= ceil(V / P)``. Program
-    ``i_kv`` reads every level's scale from value column ``i_kv`` and writes the new scale into the columns
-    ``c ≡ i_kv (mod P)``: column ``i_kv`` is written by this program alone (module docstring), after the barrier
+    """The ``"unrolled"`` schedule, lazy layout, and with SPLIT the ``"split"`` one: arguments as
+    :func:`fenwick_decode_unrolled_kernel` and scales ``[B, H, L, V]`` (:func:`lazy_decode_kernel`); one barrier
+    between the loads of every scale and the first store of one (the race :func:`lazy_decode_kernel` describes).
+    Without SPLIT a program reads every level's scale from its first column and writes it to all of its columns
+    (``P`` and ``COLS`` unused). With SPLIT, ``P = NK · V / BV <= V`` programs per head and ``COLS >= ceil(V / P)``:
+    program ``i_kv`` reads every level's scale from value column ``i_kv`` and writes the new scale into the columns
+    ``c ≡ i_kv (mod P)``; column ``i_kv`` is written by this program alone (module docstring), after the barrier
     that follows every read of its threads."""
-    i_kv, i_k, i_h, i_b, rk, rv, t, q, k, v, decay, base, tile, lam_row = slice_start(
-        levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V, NK,
-        s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, HAS_DECAY, BK, BV)
-    scale_row = scales_ptr + i_b.to(tl.int64) * s_cb + i_h.to(tl.int64) * s_ch  # column 0
+    if SPLIT:
+        i_kv, i_k, i_h, i_b, rk, rv, t, q, k, v, decay, base, tile, lam_row = slice_start(
+            levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V, NK,
+            s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, HAS_DECAY, BK, BV)
+        scale_row = scales_ptr + i_b.to(tl.int64) * s_cb + i_h.to(tl.int64) * s_ch  # column 0
+    else:
+        i_v, i_h, i_b, rk, rv, t, q, k, v, decay, base, tile, lam_row = program_start(
+            levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V,
+            s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, HAS_DECAY, BK, BV)
+        scale_row = scales_ptr + i_b.to(tl.int64) * s_cb + i_h.to(tl.int64) * s_ch + i_v * BV  # the first column
     states, scales, lams = (), (), ()
     for i_l in tl.static_range(L):  # every load issued before any is used: no store stands between them
         live_before, _, _, _ = level_flags(t, tl.full((), i_l, tl.int64))
         states += (tl.load(base + i_l * s_ll + tile, mask=tile_mask(rk, rv, live_before, K, V), other=0.0),)
-        scales += (tl.load(scale_row + i_l * s_cl + i_kv, mask=live_before, other=0.0),)
+        if SPLIT:  # column i_kv, which no other program writes
+            scales += (tl.load(scale_row + i_l * s_cl + i_kv, mask=live_before, other=0.0),)
+        else:
+            scales += (tl.load(scale_row + i_l * s_cl, mask=live_before, other=0.0),)
         lams += (tl.load(lam_row + i_l).to(tl.float32),)
-    tl.debug_barrier()  # every thread has read every scale of column i_kv before any thread overwrites one below
+    tl.debug_barrier()  # every thread has read every scale it reads before any thread overwrites one below
     written = k[:, None] * v[None, :]
-    carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m <= l} c^(m) stored^(m) before the step, the slice's rows
-    weighted = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_l λ_l c^(l) stored^(l) after the step, the slice's rows
+    carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m <= l} c^(m) stored^(m) before the step, the program's rows
+    weighted = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_l λ_l c^(l) stored^(l) after the step, the program's rows
     for i_l in tl.static_range(L):
         lvl = tl.full((), i_l, tl.int64)
         live_before, live_after, into, cleared = level_flags(t, lvl)
         state, scale, carried = lazy_level(states[i_l], scales[i_l], carried, written, lvl, into, cleared, decay)
         tl.store(base + i_l * s_ll + tile, state, mask=tile_mask(rk, rv, into | (lvl == 0), K, V))
-        store_owned_scales(scale_row + i_l * s_cl, scale, i_kv, P, V, live_before | live_after, COLS)
+        if SPLIT:
+            store_owned_scales(scale_row + i_l * s_cl, scale, i_kv, P, V, live_before | live_after, COLS)
+        else:
+            store_scale(scale_row + i_l * s_cl, scale, rv, V, live_before | live_after, BV)
         weighted += lams[i_l] * scale * state
-    store_partial(partial_ptr, tl.sum(q[:, None] * weighted, 0), i_k, i_b, i_h, s_pk, s_pb, s_ph, rv, V)
+    out = tl.sum(q[:, None] * weighted, 0)
+    if SPLIT:
+        store_partial(out_ptr, out, i_k, i_b, i_h, s_ok, s_ob, s_oh, rv, V)
+    else:
+        store_output(out_ptr, out, i_b, i_h, s_ob, s_oh, rv, V)
 
 
 @triton.jit
@@ -580,22 +548,21 @@ def decode_step_(
     o = torch.empty(B, H, V, device=v.device, dtype=v.dtype)
     g = log_decay if log_decay is not None else v  # a placeholder pointer when there is no decay
     sqh = 0 if q.shape[1] == 1 else q.stride(1)
-    grid = (triton.cdiv(V, BV), H, B)
     token_strides = (q.stride(0), sqh, v.stride(0), v.stride(1), level_scales.stride(0), level_scales.stride(1),
-                     g.stride(0), g.stride(1), o.stride(0), o.stride(1))
-    level_strides = (levels.stride(0), levels.stride(1), levels.stride(2), levels.stride(3))
+                     g.stride(0), g.stride(1))
     meta = dict(HAS_DECAY=log_decay is not None, BK=BK, BV=BV, num_warps=num_warps)
-    if schedule == "split":
-        split_launch(levels, decay_scales, position, q, k, v, level_scales, g, o, token_strides[:-2], meta, advance)
-        return o
-    if decay_scales is None:
-        kernel = fenwick_decode_kernel if schedule == "loop" else fenwick_decode_unrolled_kernel
-        kernel[grid](levels, position, q, k, v, level_scales, g, o, H, K, V, L, *level_strides, *token_strides, **meta)
+    if schedule != "loop":
+        unrolled_launch(levels, decay_scales, position, q, k, v, level_scales, g, o, token_strides, meta,
+                        schedule == "split", advance)
+    elif decay_scales is None:
+        fenwick_decode_kernel[(triton.cdiv(V, BV), H, B)](
+            levels, position, q, k, v, level_scales, g, o, K, V, L, *levels.stride()[:4], *token_strides,
+            o.stride(0), o.stride(1), **meta)
     else:
-        kernel = lazy_decode_kernel if schedule == "loop" else lazy_decode_unrolled_kernel
-        kernel[grid](levels, decay_scales, position, q, k, v, level_scales, g, o, H, K, V, L, *level_strides,
-                     *decay_scales.stride()[:3], *token_strides, **meta)
-    if advance:
+        lazy_decode_kernel[(triton.cdiv(V, BV), H, B)](
+            levels, decay_scales, position, q, k, v, level_scales, g, o, K, V, L, *levels.stride()[:4],
+            *decay_scales.stride()[:3], *token_strides, o.stride(0), o.stride(1), **meta)
+    if advance and schedule != "split":  # the split schedule's second launch advances it
         position.add_(1)
     return o
 
@@ -604,25 +571,30 @@ SUM_BLOCK = 1024
 """Outputs one program of :func:`sum_slices_kernel` sums."""
 
 
-def split_launch(levels, decay_scales, position, q, k, v, level_scales, g, o, token_strides, meta, advance):
-    """The ``"split"`` schedule's two launches (module docstring): every key slice's part of the output into
-    ``partial: [NK, B, H, V]`` fp32, levels and scales updated in place; then ``o = Σ_i partial[i]`` (o ``[B, H, V]``
-    contiguous) and, when ``advance``, ``position += 1``. token_strides: those of q, v, λ and g; meta: the
-    kernels' ``HAS_DECAY``, ``BK``, ``BV`` and ``num_warps``."""
+def unrolled_launch(levels, decay_scales, position, q, k, v, level_scales, g, o, token_strides, meta, split, advance):
+    """The ``"unrolled"`` schedule's launch (``split`` false), or the ``"split"`` schedule's two (module docstring):
+    one kernel per layout serves both, ``SPLIT`` a compile-time flag. Unrolled: grid ``(V / BV, H, B)``, one key
+    slice, the output into o (o ``[B, H, V]``; the caller advances the position). Split: every key slice's part of
+    the output into ``partial: [NK, B, H, V]`` fp32, then ``o = Σ_i partial[i]`` (o contiguous) and, when
+    ``advance``, ``position += 1`` in a second launch. Levels and scales are updated in place. token_strides: those
+    of q, v, λ and g; meta: the kernels' ``HAS_DECAY``, ``BK``, ``BV`` and ``num_warps``."""
     B, H, L, K, V = levels.shape
     NK, P = triton.cdiv(K, meta["BK"]), split_programs(K, V, meta["BK"], meta["BV"])
-    partial = torch.empty(NK, B, H, V, device=v.device, dtype=torch.float32)
+    out = torch.empty(NK, B, H, V, device=v.device, dtype=torch.float32) if split else o
+    out_strides = out.stride()[:3] if split else (0, o.stride(0), o.stride(1))
     level_strides = levels.stride()[:4]
     grid = (P, H, B)
     if decay_scales is None:
-        split_decode_kernel[grid](levels, position, q, k, v, level_scales, g, partial, H, K, V, L, NK, *level_strides,
-                                  *token_strides, *partial.stride()[:3], **meta)
+        fenwick_decode_unrolled_kernel[grid](levels, position, q, k, v, level_scales, g, out, K, V, L, NK,
+                                             *level_strides, *token_strides, *out_strides, SPLIT=split, **meta)
     else:
-        split_lazy_decode_kernel[grid](levels, decay_scales, position, q, k, v, level_scales, g, partial, H, K, V, L,
-                                       NK, P, *level_strides, *decay_scales.stride()[:3], *token_strides,
-                                       *partial.stride()[:3], COLS=triton.next_power_of_2(triton.cdiv(V, P)), **meta)
-    N = B * H * V
-    sum_slices_kernel[(triton.cdiv(N, SUM_BLOCK),)](partial, o, position, N, B, NK, ADVANCE=advance, BLOCK=SUM_BLOCK)
+        cols = triton.next_power_of_2(triton.cdiv(V, P)) if split else 1
+        lazy_decode_unrolled_kernel[grid](levels, decay_scales, position, q, k, v, level_scales, g, out, K, V, L, NK,
+                                          *level_strides, *decay_scales.stride()[:3], *token_strides, *out_strides, P,
+                                          SPLIT=split, COLS=cols, **meta)
+    if split:
+        N = B * H * V
+        sum_slices_kernel[(triton.cdiv(N, SUM_BLOCK),)](out, o, position, N, B, NK, ADVANCE=advance, BLOCK=SUM_BLOCK)
 
 
 @triton.jit

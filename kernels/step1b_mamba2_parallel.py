@@ -9,8 +9,9 @@ computes the same function and teaches how to take a walk apart — Mamba-2's *s
 is linear in the chunks, so one long walk is many short ones joined by a short scan.
 
 Cut the chunks into blocks of ``W`` chunks (``NB = N / W`` blocks, the last one possibly shorter). With
-``U_β`` the total of block ``β`` (its keys and values decayed to its end, step 1's state update summed
-over the block) and ``d_β = G_end(β) - G_end(β-1)`` its log decay, the state after block ``β`` is
+``U_β`` the total of block ``β`` (its keys and values decayed to its end, step 1's state update
+:func:`state_after_chunk` summed over the block) and ``d_β = G_end(β) - G_end(β-1)`` its log decay, the state
+after block ``β`` is
 
     S_(β) = exp(d_β) S_(β-1) + U_β          (S_(-1) = 0; a [K, V] add per block)
 
@@ -23,7 +24,8 @@ Forward, three launches (grid in brackets):
 3. :func:`block_output_kernel` ``(NB, H, B)``: step 1's walk over one block, from ``S_(β-1)`` instead of zero.
 
 The backward mirrors it. The gradient of the state entering chunk ``c`` obeys step 1's recurrence in
-reverse, ``dS_c = exp(g_c) dS_{c+1} + Q̂_cᵀ dO_c`` (``Q̂ = diag(exp(gc)) Q``, ``g_c`` the chunk's log decay):
+reverse, ``dS_c = exp(g_c) dS_{c+1} + Q̂_cᵀ dO_c`` (``Q̂ = diag(exp(gc)) Q``, ``g_c`` the chunk's log decay;
+:func:`state_grad_before_chunk`):
 
 4. :func:`block_state_grad_kernel` ``(NB - 1, H, B)``: every block but the first walks its chunks in reverse
    for its share ``X_β`` of the gradient of the state entering it;
@@ -110,6 +112,22 @@ def decayed_queries(q, gc, dtype):
 
 
 @triton.jit
+def state_after_chunk(state, k, v, gc, g_last, IP: tl.constexpr):
+    """Step 1's state update over one chunk, ``S <- exp(gc_last) S + K̂ᵀ V`` (``K̂`` by :func:`decayed_keys`, in v's
+    type): state ``[R, BV]`` fp32 (fp64) on the key rows of k ``[C, R]`` (all ``BK`` of them or one key block);
+    v ``[C, BV]``; gc ``[C]``, g_last its last entry."""
+    return tl.exp(g_last) * state + tl.dot(tl.trans(decayed_keys(k, gc, g_last, v.dtype)), v, input_precision=IP)
+
+
+@triton.jit
+def state_grad_before_chunk(d_state, q, do, gc, g_last, IP: tl.constexpr):
+    """The state's gradient carried back over one chunk, ``dS <- exp(gc_last) dS + Q̂ᵀ dO`` (``Q̂`` by
+    :func:`decayed_queries`, in dO's type): d_state ``[R, BV]`` fp32 (fp64) on the key rows of q ``[C, R]`` (all
+    ``BK`` of them or one key block); do ``[C, BV]``; gc ``[C]``, g_last its last entry."""
+    return tl.exp(g_last) * d_state + tl.dot(tl.trans(decayed_queries(q, gc, do.dtype)), do, input_precision=IP)
+
+
+@triton.jit
 def times_state(x, state, IP: tl.constexpr, BF16: tl.constexpr):
     """``x S`` for ``x: [C, BK]`` in the input type and the fp32 (fp64) state ``S: [BK, BV]``: ``[C, BV]``. bf16
     inputs multiply ``S`` rounded to bf16; fp16 inputs multiply it in fp32 (tf32: an fp16 state could overflow),
@@ -160,7 +178,7 @@ def block_state_kernel(
         v = load_tile(v_ptr, svt, t, T, rv, V)
         gc = tl.load(gc_ptr + t)
         g_last = tl.load(gc_ptr + c * C + C - 1)
-        state = tl.exp(g_last) * state + tl.dot(tl.trans(decayed_keys(k, gc, g_last, v.dtype)), v, input_precision=IP)
+        state = state_after_chunk(state, k, v, gc, g_last, IP)
     tl.store(state_ptr + (bh * NB + i_blk) * BK * BV + rk[:, None] * BV + rv[None, :], state)
 
 
@@ -218,7 +236,7 @@ def block_output_kernel(
         out = tl.dot((scores * decay_matrix(gc, C)).to(v.dtype), v, input_precision=IP)
         out += times_state(decayed_queries(q, gc, v.dtype), state, IP, BF16)
         store_tile(o_ptr, sot, t, T, rv, V, out)
-        state = tl.exp(g_last) * state + tl.dot(tl.trans(decayed_keys(k, gc, g_last, v.dtype)), v, input_precision=IP)
+        state = state_after_chunk(state, k, v, gc, g_last, IP)
 
 
 @triton.jit
@@ -246,7 +264,7 @@ def block_state_grad_kernel(
         do = load_tile(do_ptr, sdot, t, T, rv, V)
         gc = tl.load(gc_ptr + t)
         g_last = tl.load(gc_ptr + c * C + C - 1)
-        d_state = tl.exp(g_last) * d_state + tl.dot(tl.trans(decayed_queries(q, gc, do.dtype)), do, input_precision=IP)
+        d_state = state_grad_before_chunk(d_state, q, do, gc, g_last, IP)
     tl.store(dstate_ptr + (bh * NB + i_blk) * BK * BV + rk[:, None] * BV + rv[None, :], d_state)
 
 
@@ -291,7 +309,7 @@ def block_dq_kernel(
         dq = tl.dot(d_scores.to(k.dtype), k, acc=dq, input_precision=IP)
         store_tile(dq_ptr, sdqt, t, T, rk, K, dq)
         g_last = tl.load(gc_ptr + c * C + C - 1)
-        state = tl.exp(g_last) * state + tl.dot(tl.trans(decayed_keys(k, gc, g_last, v.dtype)), v, input_precision=IP)
+        state = state_after_chunk(state, k, v, gc, g_last, IP)
 
 
 @triton.jit
@@ -336,7 +354,7 @@ def block_dk_kernel(
         d_scores = tl.dot(do, tl.trans(v), input_precision=IP) * decay_matrix(gc, C)
         dk = tl.dot(tl.trans(d_scores.to(q.dtype)), q, acc=dk, input_precision=IP)
         store_tile(dk_ptr, sdkt, t, T, rk, K, dk)
-        d_state = tl.exp(g_last) * d_state + tl.dot(tl.trans(decayed_queries(q, gc, do.dtype)), do, input_precision=IP)
+        d_state = state_grad_before_chunk(d_state, q, do, gc, g_last, IP)
 
 
 @triton.jit
@@ -379,7 +397,7 @@ def block_dv_kernel(
         do = load_tile(do_ptr, sdot, t, T, rv, V)
         dv = tl.dot(tl.trans((scores * decay_matrix(gc, C)).to(do.dtype)), do, acc=dv, input_precision=IP)
         store_tile(dv_ptr, sdvt, t, T, rv, V, dv)
-        d_state = tl.exp(g_last) * d_state + tl.dot(tl.trans(decayed_queries(q, gc, do.dtype)), do, input_precision=IP)
+        d_state = state_grad_before_chunk(d_state, q, do, gc, g_last, IP)
 
 
 @triton.jit

@@ -68,18 +68,9 @@ from .tiles import (
 
 
 @triton.jit
-def store_node(node_ptr, res_ptr, offset, state, RESIDUAL: tl.constexpr):
-    """Store the fp32 ``state`` in the node type; with RESIDUAL, also what that rounding lost (``res_ptr``)."""
-    stored = state.to(node_ptr.dtype.element_ty)
-    tl.store(node_ptr + offset, stored)
-    if RESIDUAL:
-        tl.store(res_ptr + offset, (state - stored.to(state.dtype)).to(res_ptr.dtype.element_ty))
-
-
-@triton.jit
-def store_node_where(node_ptr, res_ptr, offset, state, c, limit, RESIDUAL: tl.constexpr):
-    """:func:`store_node` of chunk ``c``'s node, only if ``c < limit``."""
-    mask = (tl.zeros_like(offset) + c) < limit  # the whole tile or nothing
+def store_node(node_ptr, res_ptr, offset, state, RESIDUAL: tl.constexpr, mask=None):
+    """Store the fp32 ``state`` in the node type; with RESIDUAL, also what that rounding lost (``res_ptr``); with a
+    ``mask`` (of offset's shape), only where it holds."""
     stored = state.to(node_ptr.dtype.element_ty)
     tl.store(node_ptr + offset, stored, mask=mask)
     if RESIDUAL:
@@ -96,23 +87,34 @@ def load_node(node_ptr, res_ptr, offset, dtype, RESIDUAL: tl.constexpr):
 
 
 @triton.jit
+def merge_held(state, left, g_end, g_left):
+    """``exp(G_end - G_left) S_left + state`` for a left node held in registers."""
+    return tl.exp((g_end - g_left).to(state.dtype)) * left + state
+
+
+@triton.jit
 def merge_left(state, node_ptr, res_ptr, gend_ptr, e, g_end, tile, BK: tl.constexpr, BV: tl.constexpr,
                RESIDUAL: tl.constexpr):
     """``exp(G_end - G_e) S_e + state``: the parent of the stored left node ``S_e`` (slot ``e``, ending where
     ``G = G_e``) and ``state``, the right part ending where ``G = g_end``; the node read unrounded (RESIDUAL)."""
     left = load_node(node_ptr, res_ptr, e.to(tl.int64) * BK * BV + tile, state.dtype, RESIDUAL)
-    return tl.exp((g_end - tl.load(gend_ptr + e)).to(state.dtype)) * left + state
+    return merge_held(state, left, g_end, tl.load(gend_ptr + e))
 
 
 @triton.jit
-def load_chunk(k_ptr, v_ptr, gc_ptr, sqt, svt, c, T, N, rk, rv, K, V, C: tl.constexpr):
+def load_chunk(k_ptr, v_ptr, gc_ptr, sqt, svt, c, T, N, rk, rv, K, V, C: tl.constexpr, PAST_END: tl.constexpr = True):
     """Chunk ``c``'s keys ``[C, BKS]`` (the rows ``rk`` of the state), values ``[C, BV]``, ``gc`` ``[C]`` and
-    ``gc`` at its last token; zero when ``c >= N`` (a chunk past the sequence), so a program may run past it."""
+    ``gc`` at its last token; zero when ``c >= N`` (a chunk past the sequence), so a program may run past it.
+    ``PAST_END=False``: the caller knows ``c < N``, and the decay's loads go unmasked."""
     t = c * C + tl.arange(0, C)
     k = load_tile(k_ptr, sqt, t, T, rk, K)
     v = load_tile(v_ptr, svt, t, T, rv, V)
-    gc = tl.load(gc_ptr + t, mask=t < N * C, other=0.0)
-    g_last = tl.load(gc_ptr + c * C + C - 1, mask=c < N, other=0.0)
+    if PAST_END:
+        gc = tl.load(gc_ptr + t, mask=t < N * C, other=0.0)
+        g_last = tl.load(gc_ptr + c * C + C - 1, mask=c < N, other=0.0)
+    else:
+        gc = tl.load(gc_ptr + t)
+        g_last = tl.load(gc_ptr + c * C + C - 1)
     return k, v, gc, g_last
 
 
@@ -151,11 +153,7 @@ def fenwick_tree_kernel(
     for i in range(1 << M):
         c = (i_blk << M) + i
         if c < N:
-            t = c * C + tl.arange(0, C)
-            k = load_tile(k_ptr, sqt, t, T, rk, K)
-            v = load_tile(v_ptr, svt, t, T, rv, V)
-            gc = tl.load(gc_ptr + t)
-            g_last = tl.load(gc_ptr + c * C + C - 1)
+            k, v, gc, g_last = load_chunk(k_ptr, v_ptr, gc_ptr, sqt, svt, c, T, N, rk, rv, K, V, C, PAST_END=False)
             state = chunk_leaf(k, v, gc, g_last, IP, SPLIT)  # the leaf, decayed to its end
             g_end = tl.load(gend_ptr + c)
             merges = trailing_ones(i, M)
@@ -169,12 +167,6 @@ def fenwick_tree_kernel(
                 if (i_blk & 1) == 0:
                     store_node(node_ptr, res_ptr, c.to(tl.int64) * BK * BV + tile, state, RESIDUAL)
             tl.debug_barrier()  # the next merge reads what this one stored
-
-
-@triton.jit
-def merge_held(state, left, g_end, g_left):
-    """``exp(G_end - G_left) S_left + state`` for a left node held in registers."""
-    return tl.exp((g_end - g_left).to(state.dtype)) * left + state
 
 
 @triton.jit
@@ -230,11 +222,12 @@ def fenwick_block_kernel(
         if (i & 63) == 63:
             state = merge_held(state, s5, g_end, g5)  # noqa: F821
         offset = c.to(tl.int64) * BK * BV + tile
+        c_tile = tl.zeros_like(offset) + c  # c at every element: a mask keeps the whole tile or nothing
         if i == (1 << M) - 1:  # the block's root: the tree above the blocks needs it, left or right
             tl.store(root_ptr + (bh * NB + i_blk) * BK * BV + tile, state, mask=(tl.zeros_like(tile) + c) < N)
-            store_node_where(node_ptr, res_ptr, offset, state, c, N * (1 - (i_blk & 1)), RESIDUAL)  # even blocks
+            store_node(node_ptr, res_ptr, offset, state, RESIDUAL, c_tile < N * (1 - (i_blk & 1)))  # even blocks
         else:  # a left node of height j = the trailing ones of i: stored for its readers, held for its parent
-            store_node_where(node_ptr, res_ptr, offset, state, c, N, RESIDUAL)
+            store_node(node_ptr, res_ptr, offset, state, RESIDUAL, c_tile < N)
             if (i & 1) == 0:
                 s0, g0 = state, g_end
             elif (i & 3) == 1:
