@@ -466,3 +466,24 @@ def test_the_command_line_fixes_totals_only_when_given_steps(tmp_path, monkeypat
     (fixed_tiers, fixed), (_, planned) = calls
     assert fixed["fixed"] and fixed_tiers["gpu/mqar"].train.steps == 7000 and fixed["budget_s"] == 100
     assert not planned["fixed"]
+
+
+def test_a_step_mode_from_the_benchmark_reaches_lambda_tied_jobs(tmp_path, monkeypatch):
+    """``--mode-from`` gives every job the chosen mode, the λ-tied variants too (run_piece looks a tied job's mode
+    up under its model's name)."""
+    from loglin_edu.experiments.mqar import __main__ as cli
+    from loglin_edu.experiments.mqar.settings import base_model
+
+    bench = tmp_path / "step_time.json"
+    rows = [dict(model=m, mode="compiled+graphs", ms_per_step=1.0, seconds_to_first_step=1.0, capture_error=None)
+            for m in ("loglinear_mamba2", "loglinear_gated_deltanet")]
+    bench.write_text(json.dumps(dict(modes=["compiled+graphs"], rows=rows)))
+    calls = []
+    monkeypatch.setattr(cli, "run_piece", lambda tiers, out, device, **kw: calls.append((tiers, kw)) or [])
+    cli.main(["--tier", "gpu", "--task", "mqar", "--widths", "16", "--out", str(tmp_path / "run"), "--device", "cpu",
+              "--budget-s", "100", "--mode-from", str(bench),
+              "--models", "loglinear_mamba2_tied,loglinear_gated_deltanet_tied"])
+    (tiers, kw), = calls
+    models = tiers["gpu/mqar"].models
+    assert set(models) == {"loglinear_mamba2_tied", "loglinear_gated_deltanet_tied"}
+    assert all(kw["modes"].get(base_model(m)) == "compiled+graphs" for m in models)

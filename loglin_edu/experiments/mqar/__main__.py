@@ -26,7 +26,7 @@ import torch
 from ...provenance import write_json
 from .jobs import merge, run_piece, run_tier, slug, tier_from_dict, worker
 from .report import summary_table
-from .settings import MODELS, TIERS, Tier
+from .settings import MODELS, TIERS, Tier, base_model
 from .step_time import MODES
 
 TASKS = {"mqar": ["gpu/mqar"], "lagged": ["gpu/lagged"], "all": ["gpu/mqar", "gpu/lagged"]}
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.mode_from:
         count = sum(len(t.models) * len(t.widths) for t in tiers.values())
         mode = mode_from(args.mode_from, args.budget_s, count)
-        modes = {m: mode for t in tiers.values() for m in t.models}
+        modes = {base_model(m): mode for t in tiers.values() for m in t.models}
         print(f"step mode of every job: {mode} (from {args.mode_from})", flush=True)
     done = run_piece(tiers, args.out, device, budget_s=args.budget_s, modes=modes, jobs=args.jobs,
                      fixed=args.steps is not None)
