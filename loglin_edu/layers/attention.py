@@ -6,7 +6,8 @@
 
 The short convolution is a causal depthwise convolution without activation: channel ``c`` of ``x_t`` becomes
 ``Σ_{i<w} W[c, i] x_{t-w+1+i, c} + b_c``, so every token's q, k and v also see the ``w - 1`` tokens before it.
-Zoology's attention baseline has it (``BaseConv`` before ``MHA``) and no position embedding: the convolution
+Zoology's attention baseline has such a shift and no position embedding (its first layer is the convolution,
+``BaseConv``, its second ``MHA``; here the convolution runs before attention inside every layer): the convolution
 already tells a token what came just before it, which is what associative recall needs (a key's value is the
 token after the key). The four recurrent mixers have their own short convolutions.
 
