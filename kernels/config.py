@@ -122,7 +122,10 @@ class LaunchConfig:
         (:func:`~.inputs.chunk_decay`) rather than PyTorch's scans and copies;
     grad_warps: warps per program of the backward's per-chunk kernels (dk/dv, dq; ``None``: ``num_warps``);
     node_grad_warps: warps per program of the backward's node-gradient kernel (``None``: ``tree_warps``);
-    grad_stages: software-pipelining stages of the backward's kernels (``None``: Triton's default).
+    grad_stages: software-pipelining stages of the backward's kernels (``None``: Triton's default);
+    fused_grads: one program per chunk (and head group) computes dk, dv and dq, dλ, loading the chunk's tiles
+        and forming ``Q Kᵀ`` and ``dO Vᵀ`` once (:func:`~.step4_tree_backward.chunk_grads_kernel`), rather than
+        two kernels that each do; the node gradients then stay alive next to dq's buffers.
     """
 
     head_group: int = 1
@@ -143,9 +146,12 @@ class LaunchConfig:
     grad_warps: int | None = None
     node_grad_warps: int | None = None
     grad_stages: int | None = None
+    fused_grads: bool = False
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
+        if not isinstance(self.fused_grads, bool):
+            raise TypeError(f"fused_grads must be True or False, got {self.fused_grads!r}")
         for name in ("grad_warps", "node_grad_warps"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1 or value & (value - 1)):

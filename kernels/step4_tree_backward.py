@@ -160,6 +160,158 @@ def node_grad_kernel(
 
 
 @triton.jit
+def chunk_head_tiles(
+    v_ptr, do_ptr, gc_ptr, lam_ptr, i_b, h, bh, t, T, N, V, L, svb, svt, svh, sdob, sdot, sdoh, slb, slt, slh, levels,
+    C: tl.constexpr, C_LOG: tl.constexpr, BV: tl.constexpr, IP: tl.constexpr,
+):
+    """What both gradients of head ``h``'s chunk (rows ``t``) read: ``(v, do, gc, lam_head, decay, scales, d_scores)``
+    — v, dO ``[C, BV]``, the decay sums ``gc`` ``[C]``, the head's level scales (``lam_head``, a pointer), the decay
+    ``E`` and level scales ``Λ`` of the chunk's pairs and the product ``dO Vᵀ`` (``[C, C]`` each)."""
+    rv = tl.arange(0, BV)
+    v = load_tile(v_ptr + i_b.to(tl.int64) * svb + h * svh, svt, t, T, rv, V)
+    do = load_tile(do_ptr + i_b.to(tl.int64) * sdob + h * sdoh, sdot, t, T, rv, V)
+    gc = tl.load(gc_ptr + bh * N * C + t)
+    lam_head = lam_ptr + i_b.to(tl.int64) * slb + h * slh
+    decay = decay_matrix(gc, C)
+    scales = load_level_scale_matrix(lam_head, slt, t, T, L, levels, C_LOG, gc.dtype)
+    d_scores = tl.dot(do, tl.trans(v), input_precision=IP)
+    return v, do, gc, lam_head, decay, scales, d_scores
+
+
+@triton.jit
+def dkdv_of_head(
+    q, k, scores, v, do, gc, decay, scales, d_scores, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr, res_ptr,
+    bh, i_c, N, n_levels, sub_h, sub_slot,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, M: tl.constexpr, IP: tl.constexpr,
+    SPLIT: tl.constexpr, SPLIT_DOTS: tl.constexpr, RESIDUAL: tl.constexpr,
+):
+    """``(dk, dv, k_dk)`` of one head's chunk from its tiles (:func:`chunk_head_tiles`, ``scores = Q Kᵀ``): dk
+    ``[C, BK]``, dv ``[C, BV]`` and the leaf's ``K̃·dK̃`` ``[C]`` (with, at the chunk's last token, the correction of
+    its node's stored rounding). Node gradients, residuals and flags as :func:`dkdv_kernel` takes them."""
+    tile = tl.arange(0, BK)[:, None] * BV + tl.arange(0, BV)[None, :]
+    last = tl.arange(0, C) == C - 1
+    weights = decay * scales
+    d_scores = d_scores * weights
+    dv = tl.dot(tl.trans((scores * weights).to(do.dtype)), do, input_precision=IP)
+    dk = tl.dot(tl.trans(d_scores.to(q.dtype)), q, input_precision=IP)
+    # the gradient of this chunk's leaf: its read ancestors' node gradients, decayed to the chunk's end
+    g_end = tl.load(gend_ptr + bh * N + i_c)
+    d_leaf = tl.zeros((BK, BV), dtype=gc.dtype)
+    own_rounding = tl.zeros((C,), dtype=gc.dtype)  # at the last token: <dS_e, stored - exact>, e = this chunk
+    for height in range(n_levels):
+        if ((i_c >> height) & 1) == 0:
+            e = (((i_c >> height) + 1) << height) - 1  # last chunk of the ancestor of this height
+            if e + 1 < N:  # a left child with readers
+                if height < M:
+                    d_node = tl.load(dnode_ptr + (bh * N + e) * BK * BV + tile).to(gc.dtype)
+                else:
+                    d_node = tl.load(dupper_ptr + bh * sub_h + (((e + 1) >> M) - 1).to(tl.int64) * sub_slot + tile)
+                d_leaf += tl.exp((tl.load(gend_ptr + bh * N + e) - g_end).to(gc.dtype)) * d_node
+                if RESIDUAL:
+                    if e == i_c:
+                        residual = tl.load(res_ptr + (bh * N + e) * BK * BV + tile).to(gc.dtype)
+                        own_rounding = tl.where(last, -tl.sum(tl.sum(d_node * residual, 1), 0), 0.0)
+    # the leaf's keys exactly as the forward multiplied them (rounded to 16 bits, or in two parts)
+    to_end = tl.exp(tl.load(gc_ptr + bh * N * C + i_c * C + C - 1) - gc)
+    k_high, k_low = split16(k * to_end[:, None], v.dtype)
+    k_leaf = k_high.to(gc.dtype)
+    if SPLIT:
+        k_leaf += k_low.to(gc.dtype)
+    d_leaf = d_leaf.to(dnode_ptr.dtype.element_ty)
+    dv += tl.dot(k_leaf.to(d_leaf.dtype), d_leaf, input_precision=IP)
+    if SPLIT_DOTS:
+        u_high, u_low = split16(d_leaf, v.dtype)
+        d_k_leaf = tl.dot(v, tl.trans(u_high), input_precision=IP) + tl.dot(v, tl.trans(u_low), input_precision=IP)
+    else:
+        d_k_leaf = tl.dot(v.to(d_leaf.dtype), tl.trans(d_leaf), input_precision=IP)
+    dk += d_k_leaf * to_end[:, None]
+    return dk, dv, tl.sum(k_leaf * d_k_leaf, 1) + own_rounding
+
+
+@triton.jit
+def dq_of_head(
+    q, k, scores, do, gc, lam_head, decay, scales, d_scores, gend_ptr, node_ptr, dlam_head,
+    bh, i_c, t, T, N, L, n_levels, slt, sdlt, levels,
+    C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IP: tl.constexpr,
+):
+    """``(dq, d_cum)`` of one head's chunk from its tiles (:func:`chunk_head_tiles`, ``scores = Q Kᵀ``), its dλ
+    stored (``dlam_head``, strides ``sdlt``): dq ``[C, BK]`` and ``q·dq`` less the chunk's own ``k·dk`` ``[C]``.
+    The forward's nodes as :func:`dq_kernel` takes them."""
+    tile = tl.arange(0, BK)[:, None] * BV + tl.arange(0, BV)[None, :]
+    dq = tl.dot((d_scores * decay * scales).to(k.dtype), k, input_precision=IP)
+    pairs = d_scores * scores * decay  # (dO Vᵀ) ⊙ (Q Kᵀ) ⊙ E, fp32
+    store_level_sums(dlam_head, sdlt, t, T, L, pairs, levels, C_LOG)
+    pairs *= scales
+    d_cum = tl.sum(pairs, 1) - tl.sum(pairs, 0)  # the chunk's own part of dG, exact: the diagonal cancels
+    g_start = tl.load(gend_ptr + bh * N + tl.maximum(i_c - 1, 0))
+    for level in range(1, n_levels + 1):
+        if ((i_c >> (level - 1)) & 1) == 1:
+            e = ((i_c >> level) << level) + (1 << (level - 1)) - 1
+            node = tl.load(node_ptr + (bh * N + e) * BK * BV + tile)
+            to_node = (g_start - tl.load(gend_ptr + bh * N + e)).to(gc.dtype)
+            x = tl.dot(do.to(node.dtype), tl.trans(node), input_precision=IP) * tl.exp(gc + to_node)[:, None]
+            d_level = tl.sum(q * x, 1)
+            store_level_column(dlam_head, sdlt, t, T, L, C_LOG + level, d_level)
+            lam_level = load_level_column(lam_head, slt, t, T, L, C_LOG + level, gc.dtype)
+            dq += lam_level[:, None] * x
+            d_cum += lam_level * d_level  # q · (this level's share of dq)
+    return dq, d_cum
+
+
+@triton.jit
+def store_chunk_decay_grad(qdq_ptr, d_cum, LOCAL: tl.constexpr):
+    """Store the chunk's part of ``dG`` (``d_cum``, ``[C]``; with LOCAL already less the leaf's ``K̃·dK̃``): as it is,
+    or with LOCAL summed within the chunk from its end, in qdq's type (fp64)."""
+    if LOCAL:  # the chunk's part of the reverse cumulative sum of dG, in fp64
+        d_cum = tl.cumsum(d_cum.to(qdq_ptr.dtype.element_ty), 0, reverse=True)
+    tl.store(qdq_ptr, d_cum)
+
+
+@triton.jit
+def dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr, res_ptr, do_ptr, dk_ptr, dv_ptr, kdk_ptr,
+    T, N, H, K, V, L, n_levels, sub_h, sub_slot,
+    sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdkb, sdkt, sdkh, sdvb, sdvt, sdvh,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    M: tl.constexpr, HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
+    SPLIT: tl.constexpr, SPLIT_DOTS: tl.constexpr, RESIDUAL: tl.constexpr,
+):
+    """Grid ``(H / HG, N, B)``. dnode, dupper: as :func:`node_grad_kernel` filled them (``sub_*`` as there);
+    dk: as dq of :func:`dq_kernel` (strides ``sdk*``); dv: ``[B, T, H, V]`` (strides ``sdv*``); kdk:
+    ``[B, H, N·C]`` receives ``K̃·dK̃`` of the leaf (the chunk's own part is in qdq), and at the chunk's last
+    token the correction of its node's stored rounding (res, with RESIDUAL).
+    SPLIT as the tree kernel's; SPLIT_DOTS: fp32 node gradients of 16-bit inputs, multiplied in two parts."""
+    i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t = i_c * C + tl.arange(0, C)
+    rk, rv = tl.arange(0, BK), tl.arange(0, BV)
+    levels = fenwick_levels(C, C_LOG)
+    q_ptr += i_b.to(tl.int64) * sqb
+    k_ptr += i_b.to(tl.int64) * sqb
+    if SHARED:
+        q, k, scores = load_qk_scores(q_ptr, k_ptr, sqt, t, T, rk, K, IP)
+        dk_group = tl.zeros((C, BK), dtype=gc_ptr.dtype.element_ty)
+    for hh in range(HG):
+        h = i_g * HG + hh
+        bh = (i_b * H + h).to(tl.int64)
+        if not SHARED:
+            q, k, scores = load_qk_scores(q_ptr + h * sqh, k_ptr + h * sqh, sqt, t, T, rk, K, IP)
+        v, do, gc, _, decay, scales, d_scores = chunk_head_tiles(
+            v_ptr, do_ptr, gc_ptr, lam_ptr, i_b, h, bh, t, T, N, V, L, svb, svt, svh, sdob, sdot, sdoh, slb, slt, slh,
+            levels, C, C_LOG, BV, IP)
+        dk, dv, k_dk = dkdv_of_head(q, k, scores, v, do, gc, decay, scales, d_scores, gc_ptr, gend_ptr, dnode_ptr,
+                                    dupper_ptr, res_ptr, bh, i_c, N, n_levels, sub_h, sub_slot, C, BK, BV, M, IP,
+                                    SPLIT, SPLIT_DOTS, RESIDUAL)
+        tl.store(kdk_ptr + bh * N * C + t, k_dk)  # the chunk's own part is in dq_kernel's
+        store_tile(dv_ptr + i_b.to(tl.int64) * sdvb + h * sdvh, sdvt, t, T, rv, V, dv)
+        if SHARED:
+            dk_group += dk
+        else:
+            store_tile(dk_ptr + i_b.to(tl.int64) * sdkb + h * sdkh, sdkt, t, T, rk, K, dk)
+    if SHARED:
+        store_tile(dk_ptr + i_b.to(tl.int64) * sdkb + i_g * sdkh, sdkt, t, T, rk, K, dk_group)
+
+
+@triton.jit
 def dq_kernel(
     q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, node_ptr, do_ptr, dq_ptr, dlam_ptr, qdq_ptr,
     kdk_ptr, dk_shares_ptr, dk_ptr,
@@ -180,8 +332,7 @@ def dq_kernel(
     (``[B, T, shares, K]``, strides ``sks*``, ``shares <= BS``), this program summing ``share_rows`` rows of the chunk."""
     i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t = i_c * C + tl.arange(0, C)
-    rk, rv = tl.arange(0, BK), tl.arange(0, BV)
-    tile = rk[:, None] * BV + rv[None, :]
+    rk = tl.arange(0, BK)
     levels = fenwick_levels(C, C_LOG)
     q_ptr += i_b.to(tl.int64) * sqb
     k_ptr += i_b.to(tl.int64) * sqb
@@ -193,35 +344,15 @@ def dq_kernel(
         bh = (i_b * H + h).to(tl.int64)
         if not SHARED:
             q, k, scores = load_qk_scores(q_ptr + h * sqh, k_ptr + h * sqh, sqt, t, T, rk, K, IP)
-        v = load_tile(v_ptr + i_b.to(tl.int64) * svb + h * svh, svt, t, T, rv, V)
-        do = load_tile(do_ptr + i_b.to(tl.int64) * sdob + h * sdoh, sdot, t, T, rv, V)
-        gc = tl.load(gc_ptr + bh * N * C + t)
-        lam_head = lam_ptr + i_b.to(tl.int64) * slb + h * slh
-        dlam_head = dlam_ptr + i_b.to(tl.int64) * sdlb + h * sdlh
-        decay = decay_matrix(gc, C)
-        scales = load_level_scale_matrix(lam_head, slt, t, T, L, levels, C_LOG, gc.dtype)
-        d_scores = tl.dot(do, tl.trans(v), input_precision=IP)
-        dq = tl.dot((d_scores * decay * scales).to(k.dtype), k, input_precision=IP)
-        pairs = d_scores * scores * decay  # (dO Vᵀ) ⊙ (Q Kᵀ) ⊙ E, fp32
-        store_level_sums(dlam_head, sdlt, t, T, L, pairs, levels, C_LOG)
-        pairs *= scales
-        d_cum = tl.sum(pairs, 1) - tl.sum(pairs, 0)  # the chunk's own part of dG, exact: the diagonal cancels
-        g_start = tl.load(gend_ptr + bh * N + tl.maximum(i_c - 1, 0))
-        for level in range(1, n_levels + 1):
-            if ((i_c >> (level - 1)) & 1) == 1:
-                e = ((i_c >> level) << level) + (1 << (level - 1)) - 1
-                node = tl.load(node_ptr + (bh * N + e) * BK * BV + tile)
-                to_node = (g_start - tl.load(gend_ptr + bh * N + e)).to(gc.dtype)
-                x = tl.dot(do.to(node.dtype), tl.trans(node), input_precision=IP) * tl.exp(gc + to_node)[:, None]
-                d_level = tl.sum(q * x, 1)
-                store_level_column(dlam_head, sdlt, t, T, L, C_LOG + level, d_level)
-                lam_level = load_level_column(lam_head, slt, t, T, L, C_LOG + level, gc.dtype)
-                dq += lam_level[:, None] * x
-                d_cum += lam_level * d_level  # q · (this level's share of dq)
-        if LOCAL:  # the chunk's part of the reverse cumulative sum of dG, in fp64
+        _, do, gc, lam_head, decay, scales, d_scores = chunk_head_tiles(
+            v_ptr, do_ptr, gc_ptr, lam_ptr, i_b, h, bh, t, T, N, V, L, svb, svt, svh, sdob, sdot, sdoh, slb, slt, slh,
+            levels, C, C_LOG, BV, IP)
+        dq, d_cum = dq_of_head(q, k, scores, do, gc, lam_head, decay, scales, d_scores, gend_ptr, node_ptr,
+                               dlam_ptr + i_b.to(tl.int64) * sdlb + h * sdlh, bh, i_c, t, T, N, L, n_levels, slt, sdlt,
+                               levels, C_LOG, BK, BV, IP)
+        if LOCAL:
             d_cum -= tl.load(kdk_ptr + bh * N * C + t)
-            d_cum = tl.cumsum(d_cum.to(qdq_ptr.dtype.element_ty), 0, reverse=True)
-        tl.store(qdq_ptr + bh * N * C + t, d_cum)
+        store_chunk_decay_grad(qdq_ptr + bh * N * C + t, d_cum, LOCAL)
         if SHARED:
             dq_group += dq
         else:
@@ -232,6 +363,64 @@ def dq_kernel(
         sum_share_rows(dk_shares_ptr + i_b.to(tl.int64) * sksb, skst, sksh, dk_ptr + i_b.to(tl.int64) * sdkb, sdkt,
                        i_c * C + i_g * share_rows, tl.minimum(share_rows, C - i_g * share_rows), T, shares, K, BS, BK,
                        gc_ptr.dtype.element_ty)
+
+
+@triton.jit
+def chunk_grads_kernel(
+    q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, node_ptr, dnode_ptr, dupper_ptr, res_ptr, do_ptr,
+    dq_ptr, dk_ptr, dv_ptr, dlam_ptr, qdq_ptr, kdk_ptr,
+    T, N, H, K, V, L, n_levels, sub_h, sub_slot,
+    sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdqb, sdqt, sdqh, sdkb, sdkt, sdkh,
+    sdvb, sdvt, sdvh, sdlb, sdlt, sdlh,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    M: tl.constexpr, HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
+    SPLIT: tl.constexpr, SPLIT_DOTS: tl.constexpr, RESIDUAL: tl.constexpr, LOCAL: tl.constexpr,
+):
+    """Grid ``(H / HG, N, B)``: :func:`dkdv_kernel` and :func:`dq_kernel` in one program, which loads the chunk's
+    q, k, v, dO, decays and level scales once and forms ``Q Kᵀ`` and ``dO Vᵀ`` once for both
+    (``LaunchConfig.fused_grads``). Arguments as theirs, each gradient computed by the same code; with LOCAL the
+    leaf's ``K̃·dK̃`` leaves the program only inside qdq (kdk is not written), without it kdk receives it.
+    dk's head-group shares are left for :func:`decay_grad_kernel` (SUM_DK) or the host to sum: other programs
+    of this launch write them."""
+    i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t = i_c * C + tl.arange(0, C)
+    rk, rv = tl.arange(0, BK), tl.arange(0, BV)
+    levels = fenwick_levels(C, C_LOG)
+    q_ptr += i_b.to(tl.int64) * sqb
+    k_ptr += i_b.to(tl.int64) * sqb
+    if SHARED:
+        q, k, scores = load_qk_scores(q_ptr, k_ptr, sqt, t, T, rk, K, IP)
+        dq_group = tl.zeros((C, BK), dtype=gc_ptr.dtype.element_ty)
+        dk_group = tl.zeros((C, BK), dtype=gc_ptr.dtype.element_ty)
+    for hh in range(HG):
+        h = i_g * HG + hh
+        bh = (i_b * H + h).to(tl.int64)
+        if not SHARED:
+            q, k, scores = load_qk_scores(q_ptr + h * sqh, k_ptr + h * sqh, sqt, t, T, rk, K, IP)
+        v, do, gc, lam_head, decay, scales, d_scores = chunk_head_tiles(
+            v_ptr, do_ptr, gc_ptr, lam_ptr, i_b, h, bh, t, T, N, V, L, svb, svt, svh, sdob, sdot, sdoh, slb, slt, slh,
+            levels, C, C_LOG, BV, IP)
+        dk, dv, k_dk = dkdv_of_head(q, k, scores, v, do, gc, decay, scales, d_scores, gc_ptr, gend_ptr, dnode_ptr,
+                                    dupper_ptr, res_ptr, bh, i_c, N, n_levels, sub_h, sub_slot, C, BK, BV, M, IP,
+                                    SPLIT, SPLIT_DOTS, RESIDUAL)
+        store_tile(dv_ptr + i_b.to(tl.int64) * sdvb + h * sdvh, sdvt, t, T, rv, V, dv)
+        dq, d_cum = dq_of_head(q, k, scores, do, gc, lam_head, decay, scales, d_scores, gend_ptr, node_ptr,
+                               dlam_ptr + i_b.to(tl.int64) * sdlb + h * sdlh, bh, i_c, t, T, N, L, n_levels, slt, sdlt,
+                               levels, C_LOG, BK, BV, IP)
+        if LOCAL:  # as dq_kernel subtracts it after dkdv_kernel stored it in kdk's type, the accumulator type of gc
+            d_cum -= k_dk
+        else:
+            tl.store(kdk_ptr + bh * N * C + t, k_dk)
+        store_chunk_decay_grad(qdq_ptr + bh * N * C + t, d_cum, LOCAL)
+        if SHARED:
+            dq_group += dq
+            dk_group += dk
+        else:
+            store_tile(dq_ptr + i_b.to(tl.int64) * sdqb + h * sdqh, sdqt, t, T, rk, K, dq)
+            store_tile(dk_ptr + i_b.to(tl.int64) * sdkb + h * sdkh, sdkt, t, T, rk, K, dk)
+    if SHARED:
+        store_tile(dq_ptr + i_b.to(tl.int64) * sdqb + i_g * sdqh, sdqt, t, T, rk, K, dq_group)
+        store_tile(dk_ptr + i_b.to(tl.int64) * sdkb + i_g * sdkh, sdkt, t, T, rk, K, dk_group)
 
 
 @triton.jit
@@ -262,14 +451,16 @@ def chunk_offsets_kernel(local_ptr, offset_ptr, N, C: tl.constexpr, BN: tl.const
 
 @triton.jit
 def decay_grad_kernel(
-    local_ptr, offset_ptr, dg_ptr, dq_shares_ptr, dq_ptr,
-    T, N, H, K, shares, sgb, sgt, sgh, sqsb, sqst, sqsh, sdqb, sdqt,
+    local_ptr, offset_ptr, dg_ptr, dq_shares_ptr, dq_ptr, dk_shares_ptr, dk_ptr,
+    T, N, H, K, shares, sgb, sgt, sgh, sqsb, sqst, sqsh, sdqb, sdqt, sksb, skst, sksh, sdkb, sdkt,
     C: tl.constexpr, BH: tl.constexpr, BS: tl.constexpr, BK: tl.constexpr, SUM_DQ: tl.constexpr, ACC: tl.constexpr,
+    SUM_DK: tl.constexpr = False,
 ):
     """Grid ``(N, B)``: chunk ``c``'s ``d log_decay`` ``[C, H]`` = its local reverse sums plus the later
     chunks' offsets (local: ``[B, H, N·C]``, offset: ``[B, H, N]``, fp64; dg ``[B, T, H]``, strides ``sg*``); with
     SUM_DQ, its rows of dq ``[B, T, 1, K]`` (strides ``sdq*``) = the sum of dq's ``shares`` shares (strides ``sqs*``),
-    accumulated in ``ACC``."""
+    accumulated in ``ACC``; with SUM_DK likewise dk's (strides ``sdk*``, ``sks*``), which :func:`chunk_grads_kernel`
+    leaves unsummed."""
     i_c, i_b = tl.program_id(0), tl.program_id(1)
     t = i_c * C + tl.arange(0, C)
     h = tl.arange(0, BH)
@@ -281,86 +472,9 @@ def decay_grad_kernel(
     if SUM_DQ:
         sum_share_rows(dq_shares_ptr + i_b.to(tl.int64) * sqsb, sqst, sqsh, dq_ptr + i_b.to(tl.int64) * sdqb, sdqt,
                        i_c * C, C, T, shares, K, BS, BK, ACC)
-
-
-@triton.jit
-def dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr, res_ptr, do_ptr, dk_ptr, dv_ptr, kdk_ptr,
-    T, N, H, K, V, L, n_levels, sub_h, sub_slot,
-    sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdkb, sdkt, sdkh, sdvb, sdvt, sdvh,
-    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    M: tl.constexpr, HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
-    SPLIT: tl.constexpr, SPLIT_DOTS: tl.constexpr, RESIDUAL: tl.constexpr,
-):
-    """Grid ``(H / HG, N, B)``. dnode, dupper: as :func:`node_grad_kernel` filled them (``sub_*`` as there);
-    dk: as dq of :func:`dq_kernel` (strides ``sdk*``); dv: ``[B, T, H, V]`` (strides ``sdv*``); kdk:
-    ``[B, H, N·C]`` receives ``K̃·dK̃`` of the leaf (the chunk's own part is in qdq), and at the chunk's last
-    token the correction of its node's stored rounding (res, with RESIDUAL).
-    SPLIT as the tree kernel's; SPLIT_DOTS: fp32 node gradients of 16-bit inputs, multiplied in two parts."""
-    i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    t = i_c * C + tl.arange(0, C)
-    rk, rv = tl.arange(0, BK), tl.arange(0, BV)
-    tile = rk[:, None] * BV + rv[None, :]
-    levels = fenwick_levels(C, C_LOG)
-    last = tl.arange(0, C) == C - 1
-    q_ptr += i_b.to(tl.int64) * sqb
-    k_ptr += i_b.to(tl.int64) * sqb
-    if SHARED:
-        q, k, scores = load_qk_scores(q_ptr, k_ptr, sqt, t, T, rk, K, IP)
-        dk_group = tl.zeros((C, BK), dtype=gc_ptr.dtype.element_ty)
-    for hh in range(HG):
-        h = i_g * HG + hh
-        bh = (i_b * H + h).to(tl.int64)
-        if not SHARED:
-            q, k, scores = load_qk_scores(q_ptr + h * sqh, k_ptr + h * sqh, sqt, t, T, rk, K, IP)
-        v = load_tile(v_ptr + i_b.to(tl.int64) * svb + h * svh, svt, t, T, rv, V)
-        do = load_tile(do_ptr + i_b.to(tl.int64) * sdob + h * sdoh, sdot, t, T, rv, V)
-        gc = tl.load(gc_ptr + bh * N * C + t)
-        lam_head = lam_ptr + i_b.to(tl.int64) * slb + h * slh
-        weights = decay_matrix(gc, C) * load_level_scale_matrix(lam_head, slt, t, T, L, levels, C_LOG, gc.dtype)
-        d_scores = tl.dot(do, tl.trans(v), input_precision=IP) * weights
-        dv = tl.dot(tl.trans((scores * weights).to(do.dtype)), do, input_precision=IP)
-        dk = tl.dot(tl.trans(d_scores.to(q.dtype)), q, input_precision=IP)
-        # the gradient of this chunk's leaf: its read ancestors' node gradients, decayed to the chunk's end
-        g_end = tl.load(gend_ptr + bh * N + i_c)
-        d_leaf = tl.zeros((BK, BV), dtype=gc.dtype)
-        own_rounding = tl.zeros((C,), dtype=gc.dtype)  # at the last token: <dS_e, stored - exact>, e = this chunk
-        for height in range(n_levels):
-            if ((i_c >> height) & 1) == 0:
-                e = (((i_c >> height) + 1) << height) - 1  # last chunk of the ancestor of this height
-                if e + 1 < N:  # a left child with readers
-                    if height < M:
-                        d_node = tl.load(dnode_ptr + (bh * N + e) * BK * BV + tile).to(gc.dtype)
-                    else:
-                        d_node = tl.load(dupper_ptr + bh * sub_h + (((e + 1) >> M) - 1).to(tl.int64) * sub_slot + tile)
-                    d_leaf += tl.exp((tl.load(gend_ptr + bh * N + e) - g_end).to(gc.dtype)) * d_node
-                    if RESIDUAL:
-                        if e == i_c:
-                            residual = tl.load(res_ptr + (bh * N + e) * BK * BV + tile).to(gc.dtype)
-                            own_rounding = tl.where(last, -tl.sum(tl.sum(d_node * residual, 1), 0), 0.0)
-        # the leaf's keys exactly as the forward multiplied them (rounded to 16 bits, or in two parts)
-        to_end = tl.exp(tl.load(gc_ptr + bh * N * C + i_c * C + C - 1) - gc)
-        k_high, k_low = split16(k * to_end[:, None], v.dtype)
-        k_leaf = k_high.to(gc.dtype)
-        if SPLIT:
-            k_leaf += k_low.to(gc.dtype)
-        d_leaf = d_leaf.to(dnode_ptr.dtype.element_ty)
-        dv += tl.dot(k_leaf.to(d_leaf.dtype), d_leaf, input_precision=IP)
-        if SPLIT_DOTS:
-            u_high, u_low = split16(d_leaf, v.dtype)
-            d_k_leaf = tl.dot(v, tl.trans(u_high), input_precision=IP) + tl.dot(v, tl.trans(u_low), input_precision=IP)
-        else:
-            d_k_leaf = tl.dot(v.to(d_leaf.dtype), tl.trans(d_leaf), input_precision=IP)
-        dk += d_k_leaf * to_end[:, None]
-        k_dk = tl.sum(k_leaf * d_k_leaf, 1) + own_rounding
-        tl.store(kdk_ptr + bh * N * C + t, k_dk)  # the chunk's own part is in dq_kernel's
-        store_tile(dv_ptr + i_b.to(tl.int64) * sdvb + h * sdvh, sdvt, t, T, rv, V, dv)
-        if SHARED:
-            dk_group += dk
-        else:
-            store_tile(dk_ptr + i_b.to(tl.int64) * sdkb + h * sdkh, sdkt, t, T, rk, K, dk)
-    if SHARED:
-        store_tile(dk_ptr + i_b.to(tl.int64) * sdkb + i_g * sdkh, sdkt, t, T, rk, K, dk_group)
+    if SUM_DK:
+        sum_share_rows(dk_shares_ptr + i_b.to(tl.int64) * sksb, skst, sksh, dk_ptr + i_b.to(tl.int64) * sdkb, sdkt,
+                       i_c * C, C, T, shares, K, BS, BK, ACC)
 
 
 def upper_node_grads(d_nodes: torch.Tensor, block_levels: int, n_levels: int, dtype: torch.dtype) -> torch.Tensor:
@@ -437,39 +551,57 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: in
     else:
         dk = grads["dk"] if "dk" in grads else torch.empty(B, T, H, K, device=q.device, dtype=q.dtype)
     dv = grads["dv"] if "dv" in grads else torch.empty(B, T, H, V, device=q.device, dtype=v.dtype)
-    kdk = torch.empty(B, H, N * chunk_size, device=q.device, dtype=acc)
-    dkdv_kernel[(H // HG, N, B)](
-        q, k, v, level_scales, gc, gend, d_nodes, d_upper, residuals if residuals.numel() else nodes, do, dk, dv, kdk,
-        T, N, H, K, V, L, n_levels, d_upper.stride(1), d_upper.stride(2),
-        *input_strides, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-        M=M, SPLIT=split_leaf(q.dtype, config.precision), SPLIT_DOTS=split_dots, RESIDUAL=residuals.numel() > 0, **common,
-    )
-    del d_nodes, d_upper  # dq reads the forward's nodes, not their gradients
+    fused = config.fused_grads
+    kdk = None if fused and in_kernels else torch.empty(B, H, N * chunk_size, device=q.device, dtype=acc)
+    node_grads = (d_nodes, d_upper, residuals if residuals.numel() else nodes)
+    upper_strides = (d_upper.stride(1), d_upper.stride(2))
+    leaf = dict(M=M, SPLIT=split_leaf(q.dtype, config.precision), SPLIT_DOTS=split_dots, RESIDUAL=residuals.numel() > 0)
+    if not fused:
+        dkdv_kernel[(H // HG, N, B)](
+            q, k, v, level_scales, gc, gend, *node_grads, do, dk, dv, kdk, T, N, H, K, V, L, n_levels, *upper_strides,
+            *input_strides, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+            **leaf, **common,
+        )
+        del d_nodes, d_upper, node_grads  # dq reads the forward's nodes, not their gradients
     summed = shared and groups > 1  # shares to sum over the head groups
     dk_shares = dk
-    if summed:
+    if summed and not fused:  # the fused kernel writes dk's shares next to dq's: summed after it
         dk = torch.empty(B, T, 1, K, device=q.device, dtype=q.dtype) if in_kernels else dk.sum(2, keepdim=True).to(q.dtype)
     if shared:
         dq = torch.empty(B, T, groups, K, device=q.device, dtype=partial_dtype(q.dtype))
     else:
         dq = grads["dq"] if "dq" in grads else torch.empty(B, T, H, K, device=q.device, dtype=q.dtype)
-    if not (summed and in_kernels):
+    sum_dk = summed and in_kernels and not fused  # by the dq kernel
+    if not sum_dk:
         del dk_shares
         dk_shares = dk  # a valid pointer the dq kernel does not read
     dlam = grads["dlam"] if "dlam" in grads else torch.zeros(B, T, H, L, device=q.device, dtype=level_scales.dtype)
-    qdq = torch.empty_like(kdk, dtype=torch.float64 if in_kernels else acc)
-    share_rows = -(-chunk_size // groups)
-    dq_kernel[(H // HG, N, B)](
-        q, k, v, level_scales, gc, gend, nodes, do, dq, dlam, qdq, kdk, dk_shares, dk,
-        T, N, H, K, V, L, n_levels, groups, share_rows,
-        *input_strides, dq.stride(0), dq.stride(1), dq.stride(2), dlam.stride(0), dlam.stride(1), dlam.stride(2),
-        dk_shares.stride(0), dk_shares.stride(1), dk_shares.stride(2), dk.stride(0), dk.stride(1),
-        LOCAL=in_kernels, SUM_DK=summed and in_kernels, BS=block(groups, 1), **common,
-    )
+    qdq = torch.empty(B, H, N * chunk_size, device=q.device, dtype=torch.float64 if in_kernels else acc)
+    if fused:
+        chunk_grads_kernel[(H // HG, N, B)](
+            q, k, v, level_scales, gc, gend, nodes, *node_grads, do, dq, dk, dv, dlam, qdq, qdq if kdk is None else kdk,
+            T, N, H, K, V, L, n_levels, *upper_strides,
+            *input_strides, dq.stride(0), dq.stride(1), dq.stride(2), dk.stride(0), dk.stride(1), dk.stride(2),
+            dv.stride(0), dv.stride(1), dv.stride(2), dlam.stride(0), dlam.stride(1), dlam.stride(2),
+            LOCAL=in_kernels, **leaf, **common,
+        )
+        del d_nodes, d_upper, node_grads
+        if summed and not in_kernels:
+            dk = dk.sum(2, keepdim=True).to(q.dtype)
+    else:
+        share_rows = -(-chunk_size // groups)
+        dq_kernel[(H // HG, N, B)](
+            q, k, v, level_scales, gc, gend, nodes, do, dq, dlam, qdq, kdk, dk_shares, dk,
+            T, N, H, K, V, L, n_levels, groups, share_rows,
+            *input_strides, dq.stride(0), dq.stride(1), dq.stride(2), dlam.stride(0), dlam.stride(1), dlam.stride(2),
+            dk_shares.stride(0), dk_shares.stride(1), dk_shares.stride(2), dk.stride(0), dk.stride(1),
+            LOCAL=in_kernels, SUM_DK=sum_dk, BS=block(groups, 1), **common,
+        )
     del dk_shares
     if in_kernels:
-        dq, dg = finish_in_kernels(qdq, dq, q.dtype, T, chunk_size, grads.get("dlog_decay"), shared and groups > 1)
-        return dq, dk, dv, dlam, dg
+        dq, dk_sum, dg = finish_in_kernels(qdq, dq, q.dtype, T, chunk_size, grads.get("dlog_decay"), summed,
+                                           dk if fused and summed else None)
+        return dq, dk if dk_sum is None else dk_sum, dv, dlam, dg
     if summed:
         dq = dq.sum(2, keepdim=True).to(q.dtype)
     d_cum = qdq - kdk
@@ -481,22 +613,27 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: in
 
 
 def finish_in_kernels(local, dq, dtype: torch.dtype, T: int, chunk_size: int, dg: torch.Tensor | None = None,
-                      summed: bool = True) -> tuple:
-    """``(dq, dg)`` from :func:`dq_kernel`'s outputs with LOCAL: ``local`` (``[B, H, N·C]`` fp64, each chunk's
+                      summed: bool = True, dk: torch.Tensor | None = None) -> tuple:
+    """``(dq, dk, dg)`` from the per-chunk kernels' outputs with LOCAL: ``local`` (``[B, H, N·C]`` fp64, each chunk's
     reverse cumulative sums of the decay's gradient) and ``dq`` (``[B, T, shares, K]``: with ``summed``, the head
     groups' shares, summed here into ``[B, T, 1, K]`` of ``dtype``). Two launches: :func:`chunk_offsets_kernel`
     (the later chunks' totals) and :func:`decay_grad_kernel`. ``dg`` (``[B, T, H]``, any float type and strides)
-    receives d log_decay; fp64 when not given."""
+    receives d log_decay; fp64 when not given. ``dk``: with ``summed``, dk's shares as :func:`chunk_grads_kernel`
+    leaves them (shaped as dq's), summed here too; ``None`` (returned as ``None``) when :func:`dq_kernel` summed
+    them."""
     B, H, NC = local.shape
     N, K, shares = NC // chunk_size, dq.shape[3], dq.shape[2]
     offsets = torch.empty(B, H, N, device=local.device, dtype=torch.float64)
     chunk_offsets_kernel[(B * H,)](local, offsets, N, C=chunk_size, BN=block(N, 1))
     dg = torch.empty(B, T, H, device=local.device, dtype=torch.float64) if dg is None else dg
     dq_sum = torch.empty(B, T, 1, K, device=dq.device, dtype=dtype) if summed else dq
+    sum_dk = summed and dk is not None
+    dk_shares, dk_sum = (dk, torch.empty_like(dq_sum)) if sum_dk else (dq, dq_sum)  # dq's: pointers not read
     decay_grad_kernel[(N, B)](
-        local, offsets, dg, dq, dq_sum, T, N, H, K, shares, dg.stride(0), dg.stride(1), dg.stride(2),
+        local, offsets, dg, dq, dq_sum, dk_shares, dk_sum, T, N, H, K, shares, dg.stride(0), dg.stride(1), dg.stride(2),
         dq.stride(0), dq.stride(1), dq.stride(2), dq_sum.stride(0), dq_sum.stride(1),
-        C=chunk_size, BH=block(H, 1), BS=block(shares, 1), BK=block(K), SUM_DQ=summed,
+        dk_shares.stride(0), dk_shares.stride(1), dk_shares.stride(2), dk_sum.stride(0), dk_sum.stride(1),
+        C=chunk_size, BH=block(H, 1), BS=block(shares, 1), BK=block(K), SUM_DQ=summed, SUM_DK=sum_dk,
         ACC=tl.float64 if dtype == torch.float64 else tl.float32,
     )
-    return dq_sum, dg
+    return dq_sum, dk_sum if sum_dk else None, dg
