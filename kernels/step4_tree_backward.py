@@ -21,6 +21,11 @@ The forward of step 3, per chunk ``c`` and chunk level ``ℓ`` (bit ``ℓ - 1`` 
    ``X_ℓ = diag(exp(gc + G_{start-1} - G_e)) dO S_eᵀ``, and ``dλ``: inside the chunk the sums of
    ``(dO Vᵀ) ⊙ (Q Kᵀ) ⊙ E`` over the keys of each level, and at level ``ℓ`` the row sums of ``Q ⊙ X_ℓ``.
 
+Launches 2 and 3 read the same tiles of a chunk (q, k, v, dO, the decays and level scales) and form the same
+products ``Q Kᵀ`` and ``dO Vᵀ``. With ``LaunchConfig.fused_grads`` one program does both,
+:func:`chunk_grads_kernel`: each gradient by the same code (:func:`dkdv_of_head`, :func:`dq_of_head` over the tiles
+of :func:`chunk_head_tiles`), so with the same roundings; the node gradients then live until dq is done.
+
 The decay's gradient, as in step 1: ``∂L/∂G_t = q_t · dq_t - k_t · dk_t`` per head, then a reverse
 cumulative sum over the sequence in fp64, by PyTorch or (``LaunchConfig.grad_sums_in_kernels``) in two
 levels: :func:`dq_kernel` sums inside its chunk, :func:`chunk_offsets_kernel` over the chunks' totals and
@@ -161,83 +166,33 @@ def node_grad_kernel(
 
 @triton.jit
 def chunk_head_tiles(
-    v_ptr, do_ptr, gc_ptr, lam_ptr, i_b, h, bh, t, T, N, V, L, svb, svt, svh, sdob, sdot, sdoh, slb, slt, slh, levels,
-    C: tl.constexpr, C_LOG: tl.constexpr, BV: tl.constexpr, IP: tl.constexpr,
+    v_ptr, do_ptr, gc_ptr, lam_ptr, i_b, h, bh, t, rv, T, N, V, L, svb, svt, svh, sdob, sdot, sdoh, slb, slt, slh,
+    levels, C: tl.constexpr, C_LOG: tl.constexpr, IP: tl.constexpr,
 ):
-    """What both gradients of head ``h``'s chunk (rows ``t``) read: ``(v, do, gc, lam_head, decay, scales, d_scores)``
-    — v, dO ``[C, BV]``, the decay sums ``gc`` ``[C]``, the head's level scales (``lam_head``, a pointer), the decay
-    ``E`` and level scales ``Λ`` of the chunk's pairs and the product ``dO Vᵀ`` (``[C, C]`` each)."""
-    rv = tl.arange(0, BV)
+    """What both gradients of head ``h``'s chunk (rows ``t``, value columns ``rv``) read: ``(v, do, gc, lam_head,
+    decay, scales, weights, d_scores)`` — v, dO ``[C, BV]``, the decay sums ``gc`` ``[C]``, the head's level scales
+    (``lam_head``, a pointer), the decay ``E`` and level scales ``Λ`` of the chunk's pairs, ``E ⊙ Λ`` and the product
+    ``dO Vᵀ`` (``[C, C]`` each). A kernel that does not use ``E ⊙ Λ`` does not form it (the compiler drops it)."""
     v = load_tile(v_ptr + i_b.to(tl.int64) * svb + h * svh, svt, t, T, rv, V)
     do = load_tile(do_ptr + i_b.to(tl.int64) * sdob + h * sdoh, sdot, t, T, rv, V)
     gc = tl.load(gc_ptr + bh * N * C + t)
     lam_head = lam_ptr + i_b.to(tl.int64) * slb + h * slh
     decay = decay_matrix(gc, C)
     scales = load_level_scale_matrix(lam_head, slt, t, T, L, levels, C_LOG, gc.dtype)
-    d_scores = tl.dot(do, tl.trans(v), input_precision=IP)
-    return v, do, gc, lam_head, decay, scales, d_scores
-
-
-@triton.jit
-def dkdv_of_head(
-    q, k, scores, v, do, gc, decay, scales, d_scores, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr, res_ptr,
-    bh, i_c, N, n_levels, sub_h, sub_slot,
-    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, M: tl.constexpr, IP: tl.constexpr,
-    SPLIT: tl.constexpr, SPLIT_DOTS: tl.constexpr, RESIDUAL: tl.constexpr,
-):
-    """``(dk, dv, k_dk)`` of one head's chunk from its tiles (:func:`chunk_head_tiles`, ``scores = Q Kᵀ``): dk
-    ``[C, BK]``, dv ``[C, BV]`` and the leaf's ``K̃·dK̃`` ``[C]`` (with, at the chunk's last token, the correction of
-    its node's stored rounding). Node gradients, residuals and flags as :func:`dkdv_kernel` takes them."""
-    tile = tl.arange(0, BK)[:, None] * BV + tl.arange(0, BV)[None, :]
-    last = tl.arange(0, C) == C - 1
     weights = decay * scales
-    d_scores = d_scores * weights
-    dv = tl.dot(tl.trans((scores * weights).to(do.dtype)), do, input_precision=IP)
-    dk = tl.dot(tl.trans(d_scores.to(q.dtype)), q, input_precision=IP)
-    # the gradient of this chunk's leaf: its read ancestors' node gradients, decayed to the chunk's end
-    g_end = tl.load(gend_ptr + bh * N + i_c)
-    d_leaf = tl.zeros((BK, BV), dtype=gc.dtype)
-    own_rounding = tl.zeros((C,), dtype=gc.dtype)  # at the last token: <dS_e, stored - exact>, e = this chunk
-    for height in range(n_levels):
-        if ((i_c >> height) & 1) == 0:
-            e = (((i_c >> height) + 1) << height) - 1  # last chunk of the ancestor of this height
-            if e + 1 < N:  # a left child with readers
-                if height < M:
-                    d_node = tl.load(dnode_ptr + (bh * N + e) * BK * BV + tile).to(gc.dtype)
-                else:
-                    d_node = tl.load(dupper_ptr + bh * sub_h + (((e + 1) >> M) - 1).to(tl.int64) * sub_slot + tile)
-                d_leaf += tl.exp((tl.load(gend_ptr + bh * N + e) - g_end).to(gc.dtype)) * d_node
-                if RESIDUAL:
-                    if e == i_c:
-                        residual = tl.load(res_ptr + (bh * N + e) * BK * BV + tile).to(gc.dtype)
-                        own_rounding = tl.where(last, -tl.sum(tl.sum(d_node * residual, 1), 0), 0.0)
-    # the leaf's keys exactly as the forward multiplied them (rounded to 16 bits, or in two parts)
-    to_end = tl.exp(tl.load(gc_ptr + bh * N * C + i_c * C + C - 1) - gc)
-    k_high, k_low = split16(k * to_end[:, None], v.dtype)
-    k_leaf = k_high.to(gc.dtype)
-    if SPLIT:
-        k_leaf += k_low.to(gc.dtype)
-    d_leaf = d_leaf.to(dnode_ptr.dtype.element_ty)
-    dv += tl.dot(k_leaf.to(d_leaf.dtype), d_leaf, input_precision=IP)
-    if SPLIT_DOTS:
-        u_high, u_low = split16(d_leaf, v.dtype)
-        d_k_leaf = tl.dot(v, tl.trans(u_high), input_precision=IP) + tl.dot(v, tl.trans(u_low), input_precision=IP)
-    else:
-        d_k_leaf = tl.dot(v.to(d_leaf.dtype), tl.trans(d_leaf), input_precision=IP)
-    dk += d_k_leaf * to_end[:, None]
-    return dk, dv, tl.sum(k_leaf * d_k_leaf, 1) + own_rounding
+    d_scores = tl.dot(do, tl.trans(v), input_precision=IP)
+    return v, do, gc, lam_head, decay, scales, weights, d_scores
 
 
 @triton.jit
 def dq_of_head(
     q, k, scores, do, gc, lam_head, decay, scales, d_scores, gend_ptr, node_ptr, dlam_head,
-    bh, i_c, t, T, N, L, n_levels, slt, sdlt, levels,
+    bh, i_c, t, T, N, L, n_levels, slt, sdlt, levels, tile,
     C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IP: tl.constexpr,
 ):
     """``(dq, d_cum)`` of one head's chunk from its tiles (:func:`chunk_head_tiles`, ``scores = Q Kᵀ``), its dλ
     stored (``dlam_head``, strides ``sdlt``): dq ``[C, BK]`` and ``q·dq`` less the chunk's own ``k·dk`` ``[C]``.
-    The forward's nodes as :func:`dq_kernel` takes them."""
-    tile = tl.arange(0, BK)[:, None] * BV + tl.arange(0, BV)[None, :]
+    The forward's nodes as :func:`dq_kernel` takes them (``tile``: the offsets of a ``[BK, BV]`` node)."""
     dq = tl.dot((d_scores * decay * scales).to(k.dtype), k, input_precision=IP)
     pairs = d_scores * scores * decay  # (dO Vᵀ) ⊙ (Q Kᵀ) ⊙ E, fp32
     store_level_sums(dlam_head, sdlt, t, T, L, pairs, levels, C_LOG)
@@ -268,50 +223,6 @@ def store_chunk_decay_grad(qdq_ptr, d_cum, LOCAL: tl.constexpr):
 
 
 @triton.jit
-def dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr, res_ptr, do_ptr, dk_ptr, dv_ptr, kdk_ptr,
-    T, N, H, K, V, L, n_levels, sub_h, sub_slot,
-    sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdkb, sdkt, sdkh, sdvb, sdvt, sdvh,
-    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    M: tl.constexpr, HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
-    SPLIT: tl.constexpr, SPLIT_DOTS: tl.constexpr, RESIDUAL: tl.constexpr,
-):
-    """Grid ``(H / HG, N, B)``. dnode, dupper: as :func:`node_grad_kernel` filled them (``sub_*`` as there);
-    dk: as dq of :func:`dq_kernel` (strides ``sdk*``); dv: ``[B, T, H, V]`` (strides ``sdv*``); kdk:
-    ``[B, H, N·C]`` receives ``K̃·dK̃`` of the leaf (the chunk's own part is in qdq), and at the chunk's last
-    token the correction of its node's stored rounding (res, with RESIDUAL).
-    SPLIT as the tree kernel's; SPLIT_DOTS: fp32 node gradients of 16-bit inputs, multiplied in two parts."""
-    i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    t = i_c * C + tl.arange(0, C)
-    rk, rv = tl.arange(0, BK), tl.arange(0, BV)
-    levels = fenwick_levels(C, C_LOG)
-    q_ptr += i_b.to(tl.int64) * sqb
-    k_ptr += i_b.to(tl.int64) * sqb
-    if SHARED:
-        q, k, scores = load_qk_scores(q_ptr, k_ptr, sqt, t, T, rk, K, IP)
-        dk_group = tl.zeros((C, BK), dtype=gc_ptr.dtype.element_ty)
-    for hh in range(HG):
-        h = i_g * HG + hh
-        bh = (i_b * H + h).to(tl.int64)
-        if not SHARED:
-            q, k, scores = load_qk_scores(q_ptr + h * sqh, k_ptr + h * sqh, sqt, t, T, rk, K, IP)
-        v, do, gc, _, decay, scales, d_scores = chunk_head_tiles(
-            v_ptr, do_ptr, gc_ptr, lam_ptr, i_b, h, bh, t, T, N, V, L, svb, svt, svh, sdob, sdot, sdoh, slb, slt, slh,
-            levels, C, C_LOG, BV, IP)
-        dk, dv, k_dk = dkdv_of_head(q, k, scores, v, do, gc, decay, scales, d_scores, gc_ptr, gend_ptr, dnode_ptr,
-                                    dupper_ptr, res_ptr, bh, i_c, N, n_levels, sub_h, sub_slot, C, BK, BV, M, IP,
-                                    SPLIT, SPLIT_DOTS, RESIDUAL)
-        tl.store(kdk_ptr + bh * N * C + t, k_dk)  # the chunk's own part is in dq_kernel's
-        store_tile(dv_ptr + i_b.to(tl.int64) * sdvb + h * sdvh, sdvt, t, T, rv, V, dv)
-        if SHARED:
-            dk_group += dk
-        else:
-            store_tile(dk_ptr + i_b.to(tl.int64) * sdkb + h * sdkh, sdkt, t, T, rk, K, dk)
-    if SHARED:
-        store_tile(dk_ptr + i_b.to(tl.int64) * sdkb + i_g * sdkh, sdkt, t, T, rk, K, dk_group)
-
-
-@triton.jit
 def dq_kernel(
     q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, node_ptr, do_ptr, dq_ptr, dlam_ptr, qdq_ptr,
     kdk_ptr, dk_shares_ptr, dk_ptr,
@@ -332,7 +243,8 @@ def dq_kernel(
     (``[B, T, shares, K]``, strides ``sks*``, ``shares <= BS``), this program summing ``share_rows`` rows of the chunk."""
     i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t = i_c * C + tl.arange(0, C)
-    rk = tl.arange(0, BK)
+    rk, rv = tl.arange(0, BK), tl.arange(0, BV)
+    tile = rk[:, None] * BV + rv[None, :]
     levels = fenwick_levels(C, C_LOG)
     q_ptr += i_b.to(tl.int64) * sqb
     k_ptr += i_b.to(tl.int64) * sqb
@@ -344,12 +256,12 @@ def dq_kernel(
         bh = (i_b * H + h).to(tl.int64)
         if not SHARED:
             q, k, scores = load_qk_scores(q_ptr + h * sqh, k_ptr + h * sqh, sqt, t, T, rk, K, IP)
-        _, do, gc, lam_head, decay, scales, d_scores = chunk_head_tiles(
-            v_ptr, do_ptr, gc_ptr, lam_ptr, i_b, h, bh, t, T, N, V, L, svb, svt, svh, sdob, sdot, sdoh, slb, slt, slh,
-            levels, C, C_LOG, BV, IP)
-        dq, d_cum = dq_of_head(q, k, scores, do, gc, lam_head, decay, scales, d_scores, gend_ptr, node_ptr,
-                               dlam_ptr + i_b.to(tl.int64) * sdlb + h * sdlh, bh, i_c, t, T, N, L, n_levels, slt, sdlt,
-                               levels, C_LOG, BK, BV, IP)
+        dlam_head = dlam_ptr + i_b.to(tl.int64) * sdlb + h * sdlh
+        _, do, gc, lam_head, decay, scales, _, d_scores = chunk_head_tiles(
+            v_ptr, do_ptr, gc_ptr, lam_ptr, i_b, h, bh, t, rv, T, N, V, L, svb, svt, svh, sdob, sdot, sdoh, slb, slt,
+            slh, levels, C, C_LOG, IP)
+        dq, d_cum = dq_of_head(q, k, scores, do, gc, lam_head, decay, scales, d_scores, gend_ptr, node_ptr, dlam_head,
+                               bh, i_c, t, T, N, L, n_levels, slt, sdlt, levels, tile, C_LOG, BK, BV, IP)
         if LOCAL:
             d_cum -= tl.load(kdk_ptr + bh * N * C + t)
         store_chunk_decay_grad(qdq_ptr + bh * N * C + t, d_cum, LOCAL)
@@ -363,64 +275,6 @@ def dq_kernel(
         sum_share_rows(dk_shares_ptr + i_b.to(tl.int64) * sksb, skst, sksh, dk_ptr + i_b.to(tl.int64) * sdkb, sdkt,
                        i_c * C + i_g * share_rows, tl.minimum(share_rows, C - i_g * share_rows), T, shares, K, BS, BK,
                        gc_ptr.dtype.element_ty)
-
-
-@triton.jit
-def chunk_grads_kernel(
-    q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, node_ptr, dnode_ptr, dupper_ptr, res_ptr, do_ptr,
-    dq_ptr, dk_ptr, dv_ptr, dlam_ptr, qdq_ptr, kdk_ptr,
-    T, N, H, K, V, L, n_levels, sub_h, sub_slot,
-    sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdqb, sdqt, sdqh, sdkb, sdkt, sdkh,
-    sdvb, sdvt, sdvh, sdlb, sdlt, sdlh,
-    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    M: tl.constexpr, HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
-    SPLIT: tl.constexpr, SPLIT_DOTS: tl.constexpr, RESIDUAL: tl.constexpr, LOCAL: tl.constexpr,
-):
-    """Grid ``(H / HG, N, B)``: :func:`dkdv_kernel` and :func:`dq_kernel` in one program, which loads the chunk's
-    q, k, v, dO, decays and level scales once and forms ``Q Kᵀ`` and ``dO Vᵀ`` once for both
-    (``LaunchConfig.fused_grads``). Arguments as theirs, each gradient computed by the same code; with LOCAL the
-    leaf's ``K̃·dK̃`` leaves the program only inside qdq (kdk is not written), without it kdk receives it.
-    dk's head-group shares are left for :func:`decay_grad_kernel` (SUM_DK) or the host to sum: other programs
-    of this launch write them."""
-    i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    t = i_c * C + tl.arange(0, C)
-    rk, rv = tl.arange(0, BK), tl.arange(0, BV)
-    levels = fenwick_levels(C, C_LOG)
-    q_ptr += i_b.to(tl.int64) * sqb
-    k_ptr += i_b.to(tl.int64) * sqb
-    if SHARED:
-        q, k, scores = load_qk_scores(q_ptr, k_ptr, sqt, t, T, rk, K, IP)
-        dq_group = tl.zeros((C, BK), dtype=gc_ptr.dtype.element_ty)
-        dk_group = tl.zeros((C, BK), dtype=gc_ptr.dtype.element_ty)
-    for hh in range(HG):
-        h = i_g * HG + hh
-        bh = (i_b * H + h).to(tl.int64)
-        if not SHARED:
-            q, k, scores = load_qk_scores(q_ptr + h * sqh, k_ptr + h * sqh, sqt, t, T, rk, K, IP)
-        v, do, gc, lam_head, decay, scales, d_scores = chunk_head_tiles(
-            v_ptr, do_ptr, gc_ptr, lam_ptr, i_b, h, bh, t, T, N, V, L, svb, svt, svh, sdob, sdot, sdoh, slb, slt, slh,
-            levels, C, C_LOG, BV, IP)
-        dk, dv, k_dk = dkdv_of_head(q, k, scores, v, do, gc, decay, scales, d_scores, gc_ptr, gend_ptr, dnode_ptr,
-                                    dupper_ptr, res_ptr, bh, i_c, N, n_levels, sub_h, sub_slot, C, BK, BV, M, IP,
-                                    SPLIT, SPLIT_DOTS, RESIDUAL)
-        store_tile(dv_ptr + i_b.to(tl.int64) * sdvb + h * sdvh, sdvt, t, T, rv, V, dv)
-        dq, d_cum = dq_of_head(q, k, scores, do, gc, lam_head, decay, scales, d_scores, gend_ptr, node_ptr,
-                               dlam_ptr + i_b.to(tl.int64) * sdlb + h * sdlh, bh, i_c, t, T, N, L, n_levels, slt, sdlt,
-                               levels, C_LOG, BK, BV, IP)
-        if LOCAL:  # as dq_kernel subtracts it after dkdv_kernel stored it in kdk's type, the accumulator type of gc
-            d_cum -= k_dk
-        else:
-            tl.store(kdk_ptr + bh * N * C + t, k_dk)
-        store_chunk_decay_grad(qdq_ptr + bh * N * C + t, d_cum, LOCAL)
-        if SHARED:
-            dq_group += dq
-            dk_group += dk
-        else:
-            store_tile(dq_ptr + i_b.to(tl.int64) * sdqb + h * sdqh, sdqt, t, T, rk, K, dq)
-            store_tile(dk_ptr + i_b.to(tl.int64) * sdkb + h * sdkh, sdkt, t, T, rk, K, dk)
-    if SHARED:
-        store_tile(dq_ptr + i_b.to(tl.int64) * sdqb + i_g * sdqh, sdqt, t, T, rk, K, dq_group)
-        store_tile(dk_ptr + i_b.to(tl.int64) * sdkb + i_g * sdkh, sdkt, t, T, rk, K, dk_group)
 
 
 @triton.jit
@@ -477,6 +331,159 @@ def decay_grad_kernel(
                        i_c * C, C, T, shares, K, BS, BK, ACC)
 
 
+@triton.jit
+def dkdv_of_head(
+    q, k, scores, v, do, gc, weights, d_scores, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr, res_ptr,
+    bh, i_c, N, n_levels, sub_h, sub_slot, tile,
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, M: tl.constexpr, IP: tl.constexpr,
+    SPLIT: tl.constexpr, SPLIT_DOTS: tl.constexpr, RESIDUAL: tl.constexpr,
+):
+    """``(dk, dv, k_dk)`` of one head's chunk from its tiles (:func:`chunk_head_tiles`, ``scores = Q Kᵀ``): dk
+    ``[C, BK]``, dv ``[C, BV]`` and the leaf's ``K̃·dK̃`` ``[C]`` (with, at the chunk's last token, the correction of
+    its node's stored rounding). Node gradients (``tile``: a ``[BK, BV]`` one's offsets), residuals and flags as
+    :func:`dkdv_kernel` takes them."""
+    last = tl.arange(0, C) == C - 1
+    d_scores = d_scores * weights
+    dv = tl.dot(tl.trans((scores * weights).to(do.dtype)), do, input_precision=IP)
+    dk = tl.dot(tl.trans(d_scores.to(q.dtype)), q, input_precision=IP)
+    # the gradient of this chunk's leaf: its read ancestors' node gradients, decayed to the chunk's end
+    g_end = tl.load(gend_ptr + bh * N + i_c)
+    d_leaf = tl.zeros((BK, BV), dtype=gc.dtype)
+    own_rounding = tl.zeros((C,), dtype=gc.dtype)  # at the last token: <dS_e, stored - exact>, e = this chunk
+    for height in range(n_levels):
+        if ((i_c >> height) & 1) == 0:
+            e = (((i_c >> height) + 1) << height) - 1  # last chunk of the ancestor of this height
+            if e + 1 < N:  # a left child with readers
+                if height < M:
+                    d_node = tl.load(dnode_ptr + (bh * N + e) * BK * BV + tile).to(gc.dtype)
+                else:
+                    d_node = tl.load(dupper_ptr + bh * sub_h + (((e + 1) >> M) - 1).to(tl.int64) * sub_slot + tile)
+                d_leaf += tl.exp((tl.load(gend_ptr + bh * N + e) - g_end).to(gc.dtype)) * d_node
+                if RESIDUAL:
+                    if e == i_c:
+                        residual = tl.load(res_ptr + (bh * N + e) * BK * BV + tile).to(gc.dtype)
+                        own_rounding = tl.where(last, -tl.sum(tl.sum(d_node * residual, 1), 0), 0.0)
+    # the leaf's keys exactly as the forward multiplied them (rounded to 16 bits, or in two parts)
+    to_end = tl.exp(tl.load(gc_ptr + bh * N * C + i_c * C + C - 1) - gc)
+    k_high, k_low = split16(k * to_end[:, None], v.dtype)
+    k_leaf = k_high.to(gc.dtype)
+    if SPLIT:
+        k_leaf += k_low.to(gc.dtype)
+    d_leaf = d_leaf.to(dnode_ptr.dtype.element_ty)
+    dv += tl.dot(k_leaf.to(d_leaf.dtype), d_leaf, input_precision=IP)
+    if SPLIT_DOTS:
+        u_high, u_low = split16(d_leaf, v.dtype)
+        d_k_leaf = tl.dot(v, tl.trans(u_high), input_precision=IP) + tl.dot(v, tl.trans(u_low), input_precision=IP)
+    else:
+        d_k_leaf = tl.dot(v.to(d_leaf.dtype), tl.trans(d_leaf), input_precision=IP)
+    dk += d_k_leaf * to_end[:, None]
+    return dk, dv, tl.sum(k_leaf * d_k_leaf, 1) + own_rounding
+
+
+@triton.jit
+def dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr, res_ptr, do_ptr, dk_ptr, dv_ptr, kdk_ptr,
+    T, N, H, K, V, L, n_levels, sub_h, sub_slot,
+    sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdkb, sdkt, sdkh, sdvb, sdvt, sdvh,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    M: tl.constexpr, HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
+    SPLIT: tl.constexpr, SPLIT_DOTS: tl.constexpr, RESIDUAL: tl.constexpr,
+):
+    """Grid ``(H / HG, N, B)``. dnode, dupper: as :func:`node_grad_kernel` filled them (``sub_*`` as there);
+    dk: as dq of :func:`dq_kernel` (strides ``sdk*``); dv: ``[B, T, H, V]`` (strides ``sdv*``); kdk:
+    ``[B, H, N·C]`` receives ``K̃·dK̃`` of the leaf (the chunk's own part is in qdq), and at the chunk's last
+    token the correction of its node's stored rounding (res, with RESIDUAL).
+    SPLIT as the tree kernel's; SPLIT_DOTS: fp32 node gradients of 16-bit inputs, multiplied in two parts."""
+    i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t = i_c * C + tl.arange(0, C)
+    rk, rv = tl.arange(0, BK), tl.arange(0, BV)
+    tile = rk[:, None] * BV + rv[None, :]
+    levels = fenwick_levels(C, C_LOG)
+    q_ptr += i_b.to(tl.int64) * sqb
+    k_ptr += i_b.to(tl.int64) * sqb
+    if SHARED:
+        q, k, scores = load_qk_scores(q_ptr, k_ptr, sqt, t, T, rk, K, IP)
+        dk_group = tl.zeros((C, BK), dtype=gc_ptr.dtype.element_ty)
+    for hh in range(HG):
+        h = i_g * HG + hh
+        bh = (i_b * H + h).to(tl.int64)
+        if not SHARED:
+            q, k, scores = load_qk_scores(q_ptr + h * sqh, k_ptr + h * sqh, sqt, t, T, rk, K, IP)
+        v, do, gc, _, _, _, weights, d_scores = chunk_head_tiles(
+            v_ptr, do_ptr, gc_ptr, lam_ptr, i_b, h, bh, t, rv, T, N, V, L, svb, svt, svh, sdob, sdot, sdoh, slb, slt,
+            slh, levels, C, C_LOG, IP)
+        dk, dv, k_dk = dkdv_of_head(q, k, scores, v, do, gc, weights, d_scores, gc_ptr, gend_ptr, dnode_ptr,
+                                    dupper_ptr, res_ptr, bh, i_c, N, n_levels, sub_h, sub_slot, tile, C, BK, BV, M, IP,
+                                    SPLIT, SPLIT_DOTS, RESIDUAL)
+        tl.store(kdk_ptr + bh * N * C + t, k_dk)  # the chunk's own part is in dq_kernel's
+        store_tile(dv_ptr + i_b.to(tl.int64) * sdvb + h * sdvh, sdvt, t, T, rv, V, dv)
+        if SHARED:
+            dk_group += dk
+        else:
+            store_tile(dk_ptr + i_b.to(tl.int64) * sdkb + h * sdkh, sdkt, t, T, rk, K, dk)
+    if SHARED:
+        store_tile(dk_ptr + i_b.to(tl.int64) * sdkb + i_g * sdkh, sdkt, t, T, rk, K, dk_group)
+
+
+@triton.jit
+def chunk_grads_kernel(
+    q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, node_ptr, dnode_ptr, dupper_ptr, res_ptr, do_ptr,
+    dq_ptr, dk_ptr, dv_ptr, dlam_ptr, qdq_ptr, kdk_ptr,
+    T, N, H, K, V, L, n_levels, sub_h, sub_slot,
+    sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdqb, sdqt, sdqh, sdkb, sdkt, sdkh,
+    sdvb, sdvt, sdvh, sdlb, sdlt, sdlh,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    M: tl.constexpr, HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
+    SPLIT: tl.constexpr, SPLIT_DOTS: tl.constexpr, RESIDUAL: tl.constexpr, LOCAL: tl.constexpr,
+):
+    """Grid ``(H / HG, N, B)``: :func:`dkdv_kernel` and :func:`dq_kernel` in one program, which loads the chunk's
+    q, k, v, dO, decays and level scales once and forms ``Q Kᵀ`` and ``dO Vᵀ`` once for both
+    (``LaunchConfig.fused_grads``). Arguments as theirs, each gradient computed by the same code; with LOCAL the
+    leaf's ``K̃·dK̃`` leaves the program only inside qdq (kdk is not written), without it kdk receives it.
+    dk's head-group shares are left for :func:`decay_grad_kernel` (SUM_DK) or the host to sum: other programs
+    of this launch write them."""
+    i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t = i_c * C + tl.arange(0, C)
+    rk, rv = tl.arange(0, BK), tl.arange(0, BV)
+    tile = rk[:, None] * BV + rv[None, :]
+    levels = fenwick_levels(C, C_LOG)
+    q_ptr += i_b.to(tl.int64) * sqb
+    k_ptr += i_b.to(tl.int64) * sqb
+    if SHARED:
+        q, k, scores = load_qk_scores(q_ptr, k_ptr, sqt, t, T, rk, K, IP)
+        dq_group = tl.zeros((C, BK), dtype=gc_ptr.dtype.element_ty)
+        dk_group = tl.zeros((C, BK), dtype=gc_ptr.dtype.element_ty)
+    for hh in range(HG):
+        h = i_g * HG + hh
+        bh = (i_b * H + h).to(tl.int64)
+        if not SHARED:
+            q, k, scores = load_qk_scores(q_ptr + h * sqh, k_ptr + h * sqh, sqt, t, T, rk, K, IP)
+        dlam_head = dlam_ptr + i_b.to(tl.int64) * sdlb + h * sdlh
+        v, do, gc, lam_head, decay, scales, weights, d_scores = chunk_head_tiles(
+            v_ptr, do_ptr, gc_ptr, lam_ptr, i_b, h, bh, t, rv, T, N, V, L, svb, svt, svh, sdob, sdot, sdoh, slb, slt,
+            slh, levels, C, C_LOG, IP)
+        dk, dv, k_dk = dkdv_of_head(q, k, scores, v, do, gc, weights, d_scores, gc_ptr, gend_ptr, dnode_ptr,
+                                    dupper_ptr, res_ptr, bh, i_c, N, n_levels, sub_h, sub_slot, tile, C, BK, BV, M, IP,
+                                    SPLIT, SPLIT_DOTS, RESIDUAL)
+        store_tile(dv_ptr + i_b.to(tl.int64) * sdvb + h * sdvh, sdvt, t, T, rv, V, dv)
+        dq, d_cum = dq_of_head(q, k, scores, do, gc, lam_head, decay, scales, d_scores, gend_ptr, node_ptr, dlam_head,
+                               bh, i_c, t, T, N, L, n_levels, slt, sdlt, levels, tile, C_LOG, BK, BV, IP)
+        if LOCAL:  # as dq_kernel subtracts it after dkdv_kernel stored it in kdk's type, the accumulator type of gc
+            d_cum -= k_dk
+        else:
+            tl.store(kdk_ptr + bh * N * C + t, k_dk)
+        store_chunk_decay_grad(qdq_ptr + bh * N * C + t, d_cum, LOCAL)
+        if SHARED:
+            dq_group += dq
+            dk_group += dk
+        else:
+            store_tile(dq_ptr + i_b.to(tl.int64) * sdqb + h * sdqh, sdqt, t, T, rk, K, dq)
+            store_tile(dk_ptr + i_b.to(tl.int64) * sdkb + h * sdkh, sdkt, t, T, rk, K, dk)
+    if SHARED:
+        store_tile(dq_ptr + i_b.to(tl.int64) * sdqb + i_g * sdqh, sdqt, t, T, rk, K, dq_group)
+        store_tile(dk_ptr + i_b.to(tl.int64) * sdkb + i_g * sdkh, sdkt, t, T, rk, K, dk_group)
+
+
 def upper_node_grads(d_nodes: torch.Tensor, block_levels: int, n_levels: int, dtype: torch.dtype) -> torch.Tensor:
     """Where :func:`node_grad_kernel` sums the gradients of the nodes above the blocks (height ``>= m``,
     ``m = block_levels``), zeroed: ``[B, H, slots, BK, BV]``, slot ``(e + 1) / 2^m - 1`` for the node ending at
@@ -515,6 +522,11 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: in
     :func:`decay_grad_kernel` (dq's). dk and dv are computed first, as they read the node gradients; those are
     freed before dq's shares and dλ are allocated, so the node gradients, dk's shares, dv and ``k·dk`` are the
     most that is alive at once.
+
+    With ``config.fused_grads`` one launch (:func:`chunk_grads_kernel`) computes dk, dv, dq and dλ, so the node
+    gradients stay alive next to dq's buffers as well: the node gradients, both gradients' shares, dv, dλ, ``q·dq``
+    and ``k·dk`` at once (``k·dk`` is not stored with ``grad_sums_in_kernels``, which also moves the sum of dk's
+    shares to :func:`decay_grad_kernel`). Hence off by default.
     """
     grads = dict(grads or {})
     B, T, Hk, K = q.shape

@@ -100,6 +100,8 @@ def test_launch_configurations_from_the_command_line():
     assert launch_config("8,3,4,8") == LaunchConfig(head_group=8, block_levels=3, num_warps=4, tree_warps=8)
     assert launch_config("tree_registers=true, tree_key_split=2,tree_block_levels=none,precision=exact") == LaunchConfig(
         tree_registers=True, tree_key_split=2, tree_block_levels=None, precision="exact")
+    assert launch_config("tree_key_split=2,decay_sums_in_kernels=true,fused_grads=true") == LaunchConfig(
+        tree_key_split=2, decay_sums_in_kernels=True, fused_grads=True)
     with pytest.raises(ValueError, match="head_group,block_levels,num_warps,tree_warps \\(integers\\) or field=value"):
         launch_config("8,3")
     with pytest.raises(ValueError, match="LaunchConfig has no field no_such_field"):

@@ -7,6 +7,7 @@ several chunk levels out of a few hundred tokens.
 """
 
 import functools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -109,12 +110,16 @@ def test_step3_forward_matches_chunkwise(B, T, H, Hk, K, V, C, config):
 # --- steps 4-5: the backward and the autograd Function -----------------------------------------------
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["two-kernels", "fused-grads"])
 @pytest.mark.parametrize("B, T, H, Hk, K, V, C, config", SHAPES, ids=IDS)
-def test_forward_and_every_gradient_match_float64(B, T, H, Hk, K, V, C, config):
+def test_forward_and_every_gradient_match_float64(B, T, H, Hk, K, V, C, config, fused):
+    """o and every gradient against float64, the per-chunk gradients by two kernels (dk, dv; dq, dλ) or by one
+    (``fused_grads``)."""
+    config = replace(config, fused_grads=fused)
     check_against_float64(
         lambda *a: kernels.loglinear_mamba2(*a, chunk_size=C, config=config),
         lambda *a: le.loglinear_attention(*a, form="naive"),
-        inputs(B, T, H, Hk, K, V, seed=T + 1), rtol=2e-6, what=f"T={T}",
+        inputs(B, T, H, Hk, K, V, seed=T + 1), rtol=2e-6, what=f"T={T}, fused_grads={fused}",
     )
 
 
@@ -136,16 +141,42 @@ def test_level_scales_of_any_width_match_float64(extra_columns):
     assert not grads[3][..., levels:].any(), "dλ written in a column no pair uses"
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["two-kernels", "fused-grads"])
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_16_bit_inputs_match_float64_of_the_same_rounded_inputs(precision):
+def test_16_bit_inputs_match_float64_of_the_same_rounded_inputs(precision, fused):
     """fp16 through the whole autograd Function at every rung of the precision ladder (split leaf, fp32
-    states, tf32x3 products): every output within fp16's rounding of float64 on the same fp16 inputs."""
+    states, tf32x3 products), the per-chunk gradients by two kernels or by one (``fused_grads``): every output
+    within fp16's rounding of float64 on the same fp16 inputs."""
     from loglin_edu.bench.accuracy import accuracy
 
     result = accuracy((1, 300, 2, 1, 20, 24), torch.float16, torch.device(DEVICE),
-                      config=LaunchConfig(block_levels=2, precision=precision))
+                      config=LaunchConfig(block_levels=2, precision=precision, fused_grads=fused))
     bad = {name: e for name, e in result["errors"].items() if not e <= 2e-3}
-    assert not bad, f"precision={precision}: {bad}"
+    assert not bad, f"precision={precision}, fused_grads={fused}: {bad}"
+
+
+@pytest.mark.parametrize("precision, in_kernels", [("fast", False), ("split", True)])
+def test_fused_gradients_with_16_bit_nodes_are_the_default_ones(precision, in_kernels, monkeypatch):
+    """16-bit nodes (fp16 here, as bf16 calls store them at these rungs), so the backward reads the nodes'
+    residuals; shared q/k in two head groups: the fused kernel (``fused_grads``) gives the two kernels' o and every
+    gradient to fp16's rounding (it uses the same roundings: under the interpreter, bit for bit), d log_decay's sum
+    inside the kernels or by the host."""
+    from loglin_edu.bench.accuracy import relative_error
+    from loglin_edu.kernels import step3_chunk_tree as chunk_tree
+    from loglin_edu.kernels import step4_tree_backward as backward
+
+    sixteen = lambda dtype, precision="fast": torch.float16  # noqa: E731
+    monkeypatch.setattr(chunk_tree, "state_dtype", sixteen)
+    monkeypatch.setattr(backward, "state_dtype", sixteen)
+    args = [x.half() for x in inputs(1, 100, 4, 1, 16, 16, seed=8)]
+    config = LaunchConfig(block_levels=1, precision=precision, grad_head_group=2, grad_sums_in_kernels=in_kernels)
+    assert kernels.LogLinearMamba2.apply(*args, 16, config, True)[4].numel() > 0, "no residuals to read"
+    runs = [grads_of(lambda *a: kernels.loglinear_mamba2(*a, chunk_size=16, config=c), args)
+            for c in (config, replace(config, fused_grads=True))]
+    (ref, ref_grads), (out, grads) = runs
+    assert out.dtype == torch.float16
+    for name, a, b in zip(("o", "dq", "dk", "dv", "dlevel_scales", "dlog_decay"), (out, *grads), (ref, *ref_grads)):
+        assert relative_error(a, b) <= 2.0**-11, f"{precision}: {name} {relative_error(a, b):.1e}"
 
 
 @pytest.mark.slow
@@ -203,6 +234,25 @@ def test_backward_holds_the_node_gradients_next_to_one_head_share_at_most():
     node_grads, dk_shares, dv, k_dk = (4 * n for n in (B * H * (T // C) * K * V, B * T * H * K, B * T * H * V, B * H * T))
     peak = peak_new_bytes(lambda: loglinear_backward(q, k, v, lam, gc, gend, tree, do, C, config))
     assert peak == node_grads + dk_shares + dv + k_dk
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="counts the interpreter's allocations")
+@pytest.mark.parametrize("in_kernels", [False, True], ids=["host-sums", "sums-in-kernels"])
+def test_fused_backward_holds_the_node_gradients_next_to_dq_buffers(in_kernels):
+    """With ``fused_grads`` one kernel reads the node gradients and writes dq: its launch is the largest moment, the
+    node gradients, dk's and dq's per-head shares, dv, dλ, q·dq (fp64 with the sums in kernels) and k·dk (not stored
+    with the sums in kernels)."""
+    B, T, H, K, V, C = 1, 128, 2, 16, 32, 16
+    config = LaunchConfig(block_levels=2, fused_grads=True, grad_sums_in_kernels=in_kernels)
+    q, k, v, lam, g = (x.float() for x in inputs(B, T, H, 1, K, V))
+    gc, gend = chunk_decay(g, B, T, H, C, q.device)
+    _, tree = loglinear_forward(q, k, v, lam, gc, gend, C, config)
+    do = torch.randn(B, T, H, V, generator=torch.Generator().manual_seed(3))
+    node_grads, shares, dv, dlam = (4 * n for n in (B * H * (T // C) * K * V, B * T * H * K, B * T * H * V,
+                                                    B * T * H * lam.shape[3]))
+    decay_sums = B * H * T * (8 if in_kernels else 4 + 4)  # q·dq, and k·dk unless summed in the kernels
+    peak = peak_new_bytes(lambda: loglinear_backward(q, k, v, lam, gc, gend, tree, do, C, config))
+    assert peak == node_grads + 2 * shares + dv + dlam + decay_sums
 
 
 # --- launch variants: each computes the default's function -------------------------------------------
@@ -310,6 +360,9 @@ GRAD_VARIANTS = {  # fields of LaunchConfig besides block_levels
     "register-tree-one-group-in-kernels": dict(grad_sums_in_kernels=True, grad_head_group=4, tree_registers=True),
     "decay-sums-in-kernels": dict(decay_sums_in_kernels=True),
     "backward-launch": dict(grad_warps=2, node_grad_warps=8, grad_stages=1),
+    "fused": dict(fused_grads=True),  # with shared q/k, one group per head: the host sums the shares
+    "fused-sums-in-kernels-group2": dict(fused_grads=True, grad_sums_in_kernels=True, grad_head_group=2),
+    "fused-one-group-in-kernels": dict(fused_grads=True, grad_sums_in_kernels=True, grad_head_group=4),
 }
 GRAD_SHAPES = {"T40-shared": (1, 40, 4, 1, 8, 5, 16), "T40-heads": (1, 40, 2, 2, 20, 6, 16), "T10": (1, 10, 4, 1, 3, 3, 32),
                "T40-12-heads": (1, 40, 12, 1, 8, 5, 16)}  # 12 head groups share 16 rows 2 by 2: 4 get none
@@ -327,9 +380,10 @@ def default_grads(shape):
 @pytest.mark.parametrize("shape", GRAD_SHAPES)
 def test_backward_variants_give_the_default_gradients(shape, variant):
     """fp32: dq, dk summed over the head groups inside the kernels (or no groups: one program per chunk for every
-    head), d log_decay's reverse cumulative sum in two levels (inside each chunk, then over the chunks) and the
-    forward's decay sums by kernels give the default's o and gradients, to fp32 round-off (the order of the head
-    groups' sum or of the decay's sums differs)."""
+    head), d log_decay's reverse cumulative sum in two levels (inside each chunk, then over the chunks), the
+    forward's decay sums by kernels and the per-chunk gradients by one kernel (``fused_grads``: dk's shares summed
+    by the last kernel) give the default's o and gradients, to fp32 round-off (the order of the head groups' sum
+    or of the decay's sums differs)."""
     args, (ref, ref_grads) = default_grads(GRAD_SHAPES[shape])
     config = LaunchConfig(block_levels=1, **GRAD_VARIANTS[variant])
     out, grads = grads_of(lambda *a: kernels.loglinear_mamba2(*a, chunk_size=GRAD_SHAPES[shape][-1], config=config), args)
@@ -381,6 +435,8 @@ def test_launch_knobs_are_checked():
         LaunchConfig(grad_warps=6)
     with pytest.raises(ValueError, match="grad_stages must be None or an integer"):
         LaunchConfig(grad_stages=0)
+    with pytest.raises(TypeError, match="fused_grads must be True or False, got 1"):
+        LaunchConfig(fused_grads=1)
     assert LaunchConfig(num_warps=4, tree_warps=2).grad_launch() == {"num_warps": 4}
     assert LaunchConfig(tree_warps=2, grad_stages=1).grad_launch(node_grads=True) == {"num_warps": 2, "num_stages": 1}
     assert LaunchConfig(grad_warps=8, node_grad_warps=16).grad_launch(node_grads=True)["num_warps"] == 16
@@ -459,6 +515,7 @@ GUARD_CONFIGS = {
     "default": LaunchConfig(head_group=3, block_levels=1),
     "variants": LaunchConfig(head_group=3, block_levels=1, tree_registers=True, upper_row_split=2, grad_head_group=1,
                              grad_sums_in_kernels=True),
+    "fused": LaunchConfig(head_group=3, block_levels=1, grad_head_group=1, grad_sums_in_kernels=True, fused_grads=True),
 }
 
 
