@@ -125,7 +125,8 @@ class LaunchConfig:
     grad_stages: software-pipelining stages of the backward's kernels (``None``: Triton's default);
     fused_grads: one program per chunk (and head group) computes dk, dv and dq, dλ, loading the chunk's tiles
         and forming ``Q Kᵀ`` and ``dO Vᵀ`` once (:func:`~.step4_tree_backward.chunk_grads_kernel`), rather than
-        two kernels that each do; the node gradients then stay alive next to dq's buffers.
+        two kernels that each do; the node gradients then stay alive next to dq's buffers, and with
+        ``grad_sums_in_kernels`` dk's per-group shares are summed in the last kernel, as dq's are.
     """
 
     head_group: int = 1
@@ -151,7 +152,7 @@ class LaunchConfig:
     def __post_init__(self) -> None:
         check_precision(self.precision)
         if not isinstance(self.fused_grads, bool):
-            raise TypeError(f"fused_grads must be True or False, got {self.fused_grads!r}")
+            raise ValueError(f"fused_grads must be True or False, got {self.fused_grads!r}")
         for name in ("grad_warps", "node_grad_warps"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1 or value & (value - 1)):

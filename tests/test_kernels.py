@@ -435,7 +435,7 @@ def test_launch_knobs_are_checked():
         LaunchConfig(grad_warps=6)
     with pytest.raises(ValueError, match="grad_stages must be None or an integer"):
         LaunchConfig(grad_stages=0)
-    with pytest.raises(TypeError, match="fused_grads must be True or False, got 1"):
+    with pytest.raises(ValueError, match="fused_grads must be True or False, got 1"):
         LaunchConfig(fused_grads=1)
     assert LaunchConfig(num_warps=4, tree_warps=2).grad_launch() == {"num_warps": 4}
     assert LaunchConfig(tree_warps=2, grad_stages=1).grad_launch(node_grads=True) == {"num_warps": 2, "num_stages": 1}

@@ -84,7 +84,7 @@ VARIANTS = {  # launch variants of LaunchConfig, each the default's function
     "sums-in-kernels": dict(grad_sums_in_kernels=True),
     "one-head-group": dict(grad_head_group=64, grad_sums_in_kernels=True),
     "backward-8-warps": dict(grad_warps=8, node_grad_warps=8, grad_stages=2),
-    "fused-grads": dict(tree_key_split=2, decay_sums_in_kernels=True, fused_grads=True),
+    "fused-grads": dict(fused_grads=True),
     "fused-grads-sums-in-kernels": dict(fused_grads=True, grad_sums_in_kernels=True, grad_head_group=2),
 }
 VARIANT_CASES = [
