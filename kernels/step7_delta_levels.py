@@ -187,10 +187,16 @@ def walk_table(N: int, device) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, 2)
 
 
+def read_slot_count(N: int) -> int:
+    """``Σ_{c < N} popcount(c)``: how many (chunk, level) read states ``N`` chunks have, on the host (no device
+    read, so a step that calls it can be captured in a CUDA graph)."""
+    return sum(bin(c).count("1") for c in range(N))
+
+
 @functools.lru_cache(maxsize=64)
 def first_slots(N: int, device) -> torch.Tensor:
     """int32 ``[N + 1]``: ``Σ_{c' < c} popcount(c')``, the first read-state slot of chunk ``c`` (the last entry
-    is the number of slots)."""
+    is :func:`read_slot_count`)."""
     counts = torch.tensor([0] + [bin(c).count("1") for c in range(N)], dtype=torch.int64)
     return counts.cumsum(0).to(device=device, dtype=torch.int32)
 
@@ -205,7 +211,7 @@ def level_states(k, chunks: DeltaChunks, T: int, V: int, chunk_size: int,
     BK1, BK2 = key_tiles(K, config.key_tile)
     BV, NV = value_tiles(V, config)
     first = first_slots(N, k.device)
-    states = torch.empty(B, H, max(int(first[-1]), 1), BK1 + BK2, NV * BV, device=k.device, dtype=chunks.u.dtype)
+    states = torch.empty(B, H, max(read_slot_count(N), 1), BK1 + BK2, NV * BV, device=k.device, dtype=chunks.u.dtype)
     walks = walk_table(N, k.device)
     if len(walks):
         level_walk_kernel[(NV, B * H, len(walks))](

@@ -86,6 +86,32 @@ def test_greedy_generation_is_the_argmax_of_the_full_forward(name):
     assert torch.equal(generated, sequence)
 
 
+def test_a_hybrid_model_decodes_as_its_forward():
+    """Gated convolution layers between attention layers (``hybrid_conv=3``): the layer's prefill + steps and the
+    model's give the forward, and greedy generation is the argmax of re-running it."""
+    from loglin_edu.layers import GatedConvolution
+
+    layer = GatedConvolution(D, 3).double()
+    x = torch.randn(2, 15, D, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    for t in (0, 1, 2, 9):
+        head, cache = (layer(x)[:, :0], layer.init_cache(2, 16, dtype=torch.float64)) if t == 0 else \
+            layer.prefill(x[:, :t], max_len=16)
+        got = torch.cat([head, torch.stack([layer.step(x[:, s], cache) for s in range(t, 15)], dim=1)], dim=1)
+        assert_close(got, layer(x), what=f"gated convolution: prefill {t} + steps")
+    model = tiny_model("transformer", seed=4, hybrid_conv=3)
+    tokens = torch.randint(0, 11, (2, 24), generator=torch.Generator().manual_seed(6))
+    full = model(tokens)
+    logits, cache = model.prefill(tokens[:, :7], max_len=24)
+    assert_close(logits, full[:, :7], what="hybrid prefill logits")
+    for t in range(7, 24):
+        assert_close(model.step(tokens[:, t], cache), full[:, t], what=f"hybrid step logits at t={t}")
+    generated = model.generate(tokens[:, :5], max_new_tokens=12, temperature=0)
+    sequence = tokens[:, :5]
+    for _ in range(12):
+        sequence = torch.cat([sequence, model(sequence)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(generated, sequence)
+
+
 def test_sampling_is_seeded_and_top_k_1_is_greedy():
     model = tiny_model("loglinear_mamba2")
     prompt = torch.tensor([1, 2, 3])

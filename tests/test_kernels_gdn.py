@@ -19,7 +19,8 @@ kernels = pytest.importorskip("loglin_edu.kernels.step9_loglinear_gated_deltanet
 from loglin_edu.kernels import interpreted  # noqa: E402
 from loglin_edu.kernels.config import DeltaLaunchConfig  # noqa: E402
 from loglin_edu.kernels.step6_delta_chunks import delta_chunks  # noqa: E402
-from loglin_edu.kernels.step7_delta_levels import first_slots, level_states, loglinear_delta_forward  # noqa: E402
+from loglin_edu.kernels.step7_delta_levels import (  # noqa: E402
+    first_slots, level_states, loglinear_delta_forward, read_slot_count)
 from loglin_edu.kernels.step8_delta_backward import loglinear_delta_backward  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -407,3 +408,9 @@ def test_level_gradient_value_tile_follows_the_precision():
         DeltaLaunchConfig(precision="exact", grad_value_tile=16)
     with pytest.raises(ValueError, match="power of two"):
         DeltaLaunchConfig(grad_value_tile=24)
+
+
+@pytest.mark.parametrize("N", [1, 2, 3, 16, 17, 1024])
+def test_read_slot_count_is_the_last_first_slot(N):
+    """The host's count of read states equals the device table's last entry (the brute count of live levels)."""
+    assert read_slot_count(N) == int(first_slots(N, torch.device("cpu"))[-1]) == sum(bin(c).count("1") for c in range(N))

@@ -9,6 +9,7 @@ What each cache holds, per sequence:
 | softmax attention | keys and values ``[B, H, max_len, D]`` (RoPE applied) | O(T) |
 | Mamba-2, Gated DeltaNet | one state ``[B, H, K, V]``, short-convolution windows | O(1) |
 | log-linear versions | a :class:`~loglin_edu.decoding.FenwickCache` ``[B, H, L, K, V]``, windows | O(log T) |
+| gated convolution (hybrid layers) | its window | O(1) |
 
 A short convolution of width ``w`` keeps its last ``w - 1`` inputs (``[B, w - 1, C]``).
 """

@@ -3,7 +3,9 @@
     h_0 = E[tokens];   h_{i+1} = h_i + mixer_i(RMSNorm(h_i))  [+ MLP_i(RMSNorm(·)) when mlp=True]
     logits = RMSNorm(h_n) Eᵀ          (the head shares the embedding matrix unless tie_embeddings=False)
 
-The sequence mixer is one of :data:`MIXERS`, chosen by name in a :class:`ModelConfig`.
+The sequence mixer is one of :data:`MIXERS`, chosen by name in a :class:`ModelConfig`. With ``hybrid_conv = w``
+the even layers (0, 2, …) are a :class:`~loglin_edu.layers.gated_conv.GatedConvolution` of width ``w`` instead,
+the odd ones the mixer: Zoology's hybrid of a gated short convolution and attention.
 
 Decoding (:mod:`loglin_edu.layers.generation`): ``prefill(tokens)`` returns the logits and a cache,
 ``step(token, cache)`` the next logits, ``generate(prompt, max_new_tokens, ...)`` the continued tokens.
@@ -21,6 +23,7 @@ from torch import nn
 
 from .attention import SoftmaxAttention
 from .cache import MixerCache
+from .gated_conv import GatedConvolution
 from .gated_deltanet import GatedDeltaNet, LogLinearGatedDeltaNet
 from .generation import ModelCache, check_generation, sample_next
 from .mamba2 import LogLinearMamba2, Mamba2
@@ -41,7 +44,8 @@ MODEL_IDENTITIES = itertools.count()  # every LanguageModel gets its own number:
 class ModelConfig:
     """What :func:`build_model` builds. mixer: a key of :data:`MIXERS`; max_len: the longest sequence
     (it fixes the number of Fenwick levels of the log-linear mixers); mixer_options: keyword arguments of
-    the mixer class (``d_state``, ``num_heads``, ``backend``, ``form``, ...)."""
+    the mixer class (``d_state``, ``num_heads``, ``backend``, ``form``, ...); hybrid_conv: the width of a
+    :class:`~loglin_edu.layers.gated_conv.GatedConvolution` in place of the mixer in the even layers (0: none)."""
 
     mixer: str
     vocab_size: int
@@ -52,6 +56,7 @@ class ModelConfig:
     mlp_ratio: int = 4
     tie_embeddings: bool = True
     mixer_options: dict[str, Any] = field(default_factory=dict)
+    hybrid_conv: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,6 +109,15 @@ def make_mixer(config: ModelConfig) -> nn.Module:
     return MIXERS[config.mixer](config.d_model, **options)
 
 
+def layer_mixer(config: ModelConfig, index: int) -> nn.Module:
+    """The sequence mixer of layer ``index``: a gated convolution in the even layers when ``config.hybrid_conv``,
+    else :func:`make_mixer`."""
+    width = config.hybrid_conv
+    if not isinstance(width, int) or isinstance(width, bool) or width < 0:
+        raise ValueError(f"hybrid_conv must be an integer >= 0 (0: no convolution layers), got {width!r}")
+    return GatedConvolution(config.d_model, width) if width and index % 2 == 0 else make_mixer(config)
+
+
 class LanguageModel(nn.Module):
     """Embedding, ``n_layers`` blocks, final norm and head (module docstring).
 
@@ -117,8 +131,8 @@ class LanguageModel(nn.Module):
         self.config = config
         self.embedding = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(
-            Block(make_mixer(config), config.d_model, MLP(config.d_model, config.mlp_ratio) if config.mlp else None)
-            for _ in range(config.n_layers)
+            Block(layer_mixer(config, i), config.d_model, MLP(config.d_model, config.mlp_ratio) if config.mlp else None)
+            for i in range(config.n_layers)
         )
         self.norm = RMSNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)

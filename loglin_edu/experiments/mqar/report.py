@@ -241,7 +241,8 @@ def results_record(name: str, tier: Tier, records: list[dict[str, Any]], *, devi
         **({"merged_on": here["device"]} if trained.get("device", here["device"]) != here["device"] else {}),
         seconds=round(seconds, 1), data=asdict(tier.data), train=tier.train.to_dict(), seeds=list(tier.seeds),
         lrs=list(tier.lrs), models=list(tier.models), widths=list(tier.widths), backend=tier.backend,
-        transformer=dict(conv_size=tier.attention_conv, rope=tier.attention_rope), jobs=records,
+        transformer=dict(conv_size=tier.attention_conv, rope=tier.attention_rope,
+                         hybrid=tier.attention_hybrid), jobs=records,
         best=best_by_cell(records),
     )
     result["gate"] = transformer_gate(result)

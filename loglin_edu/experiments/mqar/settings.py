@@ -70,6 +70,9 @@ class Tier:
     attention_conv, attention_rope: the Transformer's short convolution width (Zoology's baseline: 3) and
     whether it also has rotary position embeddings (Zoology's MQAR baseline has none; lagged recall asks for the
     *latest* binding of a key, which attention without positions cannot tell from an older one).
+    attention_hybrid: the Transformer as Zoology builds it — its even layers a gated convolution of width
+    ``attention_conv`` (:class:`~loglin_edu.layers.gated_conv.GatedConvolution`), its odd layers attention without
+    a convolution — instead of the convolution before attention in every layer.
     """
 
     data: TaskSpec
@@ -83,6 +86,7 @@ class Tier:
     backend: str = "torch"
     attention_conv: int = 3
     attention_rope: bool = False
+    attention_hybrid: bool = False
 
 
 ZOOLOGY_LRS = (1e-3, 10**-2.5, 1e-2, 10**-1.5)  # Zoology's sweep: logspace(-3, -1.5, 4)
@@ -142,11 +146,13 @@ def mixer_options(model: str, width: int, chunk_size: int, backend: str = "torch
 
 def model_config(tier: Tier, model: str, width: int) -> ModelConfig:
     """The :class:`~loglin_edu.layers.ModelConfig` of ``model`` at ``width`` in ``tier``."""
+    hybrid = tier.attention_hybrid and base_model(model) == "transformer"
     return ModelConfig(
         base_model(model), vocab_size=tier.data.vocab_size, d_model=width, n_layers=tier.n_layers,
         max_len=tier.data.seq_len,
-        mixer_options=mixer_options(model, width, tier.chunk_size, tier.backend, tier.attention_conv,
+        mixer_options=mixer_options(model, width, tier.chunk_size, tier.backend, 0 if hybrid else tier.attention_conv,
                                     tier.attention_rope),
+        hybrid_conv=tier.attention_conv if hybrid else 0,
     )
 
 
