@@ -132,7 +132,7 @@ def fenwick_step(
     out = own_read(q, k, v, level_scales[..., 0], beta)
     out = out + torch.einsum("bhl,bhk,bhlkv->bhv", level_scales[..., 1 : L + 1], q, levels)
     into, cleared = (m[:, None, :, None, None] for m in carry_masks(position, L))  # [B, 1, L, 1, 1]
-    merged = token_write(k, v, beta)[:, :, None] + (levels * cleared).sum(2, keepdim=True)  # β k vᵀ + Σ_{l<=j} S^(l)
+    merged = token_write(k, v, beta)[:, :, None] + (levels * cleared).sum(2, keepdim=True)  # β k vᵀ + Σ_{l≤j} S^(l)
     levels = torch.where(into, merged, levels.masked_fill(cleared, 0))
     return out, levels, position + 1
 
