@@ -187,6 +187,7 @@ def walk_table(N: int, device) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, 2)
 
 
+@functools.lru_cache(maxsize=64)
 def read_slot_count(N: int) -> int:
     """``Σ_{c < N} popcount(c)``: how many (chunk, level) read states ``N`` chunks have, on the host (no device
     read, so a step that calls it can be captured in a CUDA graph)."""
