@@ -34,8 +34,8 @@ The delta rule (log-linear Gated DeltaNet) climbs the same ladder from step 6, i
    ``loglinear_attention(..., beta=..., form="triton")``, with a vmap rule.
 
 Decoding: :mod:`~loglin_edu.kernels.decode_step` — one token of log-linear Mamba-2 for a batch in one launch
-(the binary-counter carry, the decay, the write and the read of every Fenwick level), in place on a
-:class:`~loglin_edu.decoding.FenwickCache` buffer.
+(the decay and the read of every Fenwick level, the token's own level 0 read from it, and the binary-counter
+carry), in place on a :class:`~loglin_edu.decoding.FenwickCache` buffer.
 
 Shared by the steps: :mod:`~loglin_edu.kernels.tiles` (the Triton helpers: tiles in and out, the decay and
 level patterns of a chunk), :mod:`~loglin_edu.kernels.inputs` (the decay's prefix sums, prepared before the

@@ -1,34 +1,36 @@
-"""One decoding step of log-linear Mamba-2 for a batch, in one launch (or two): carry, decay, write and read.
+"""One decoding step of log-linear Mamba-2 for a batch, in one launch (or two): decay, read and carry.
 
-The state is the :class:`~loglin_edu.decoding.FenwickCache` buffer ``levels: [B, H, L, K, V]`` (fp32)
-with ``position: [B]`` the tokens each sequence has consumed. For the token at position ``t`` with
-``low = t & -t`` (``2^j``; 0 at ``t = 0``), level by level (PAPER.md §2):
+The state is the :class:`~loglin_edu.decoding.FenwickCache` buffer ``levels: [B, H, L, K, V]`` (fp32), slot
+``i`` holding level ``i + 1`` of the next query, live iff bit ``i`` of the position is set, with ``position: [B]``
+the tokens each sequence has consumed. For the token at position ``t``, with ``low = (t + 1) & -(t + 1)``
+(``2^j``), slot by slot (PAPER.md §2):
 
-    S^(l) <- Σ_{m <= l} S^(m)  if l = j + 1  (low >> (l-1) = 1),
-             0                 if l <= j     (low >> l > 0),          the binary-counter carry
-             S^(l)             otherwise
-    S^(l) <- exp(g) S^(l);      S^(0) <- k vᵀ;      o = Σ_l λ_l S^(l)ᵀ q
+    S^(l) <- exp(g) S^(l);      o = λ_0 (q·k) v + Σ_{l >= 1} λ_l S^(l)ᵀ q
+    S^(l) <- k vᵀ + Σ_{m < l} S^(m)  if l = j + 1  (low >> (l-1) = 1),
+             0                       if l <= j     (low >> (l-1) > 1),          the binary-counter carry
+             S^(l)                   otherwise
 
-One program owns one ``(batch, head, V-block)`` and visits the ``L`` levels once, keeping the running sum
-``Σ_{m <= l} S^(m)`` of the carry in registers: every level is read at most once and written at most
-once. A level empty before the step is not read (its load is masked off: it holds zeros), and one empty
-before and after is not written. With ``p = popcount(t - 1)`` a step ``t >= 1`` reads the ``p + 1`` live
-levels and writes ``p + 2`` (those live before or after): ``(2p + 3) · K · V · 4`` bytes per head, the
-floor for levels rewritten to decay every token. The step is memory-bound: ``2 · L · K · V`` flops per head
-against those bytes.
+Level 0, the token's own ``k vᵀ``, is read as a tile like the others but never stored. One program owns one
+``(batch, head, V-block)`` and visits the ``L`` slots once, keeping the running sum ``Σ_{m < l} S^(m)`` of the
+carry in registers: every slot is read at most once and written at most once. A slot empty before the step is
+not read (its load is masked off: it holds zeros), and one empty before and after is not written. With
+``p = popcount(t)`` a step reads the ``p`` live slots and writes them back (decayed, or zeros where the carry
+empties them) and the carry's target: ``(2p + 1) · K · V · 4`` bytes per head, the floor for levels rewritten to
+decay every token. The step is memory-bound: ``2 · L · K · V`` flops per head against those bytes. When the
+target lies past the buffer (the last token of a power-of-two ``max_len``; :mod:`loglin_edu.decoding`) no slot
+receives it.
 
 Three schedules of the levels (``schedule=``; by default :func:`default_schedule` of the batch):
 
-- ``"loop"``: a runtime loop over the levels (``L`` a runtime argument, one compilation serves every
-  depth). Each level's load is issued after the previous level's store, so a step waits for about ``L``
+- ``"loop"``: a runtime loop over the slots (``L`` a runtime argument, one compilation serves every
+  depth). Each slot's load is issued after the previous slot's store, so a step waits for about ``L``
   memory round trips one after another.
 - ``"unrolled"``: ``L`` a compile-time constant (one compilation per level count). The program issues the
-  loads of all ``L`` levels (and their ``λ``) before it uses the first, then carries, decays, writes and
-  reads from registers: one round trip for the levels. It holds ``L`` tiles of ``K × BV`` at once, so it
-  takes more warps (:func:`default_num_warps`). Its output sums the ``λ``-weighted tiles first and reduces
-  over ``K`` once.
+  loads of all ``L`` slots (and their ``λ``) before it uses the first, then decays, reads and carries from
+  registers: one round trip for the levels. It holds ``L`` tiles of ``K × BV`` at once, so it takes more warps
+  (:func:`default_num_warps`). Its output sums the ``λ``-weighted tiles first and reduces over ``K`` once.
 - ``"split"``: the unrolled schedule on a slice of the key rows. At a small batch the step is few programs, each
-  waiting on its loads; but every part of a level's update (the carry's sum, the decay, the write of ``k vᵀ``)
+  waiting on its loads; but every part of a level's update (the decay, the carry's sum, the write of ``k vᵀ``)
   acts row by row in ``K``, so the rows split into ``NK = K / BK`` independent slices (``block_k = BK`` rows
   each) and the grid into ``NK · V / BV`` programs per head, each holding ``L`` tiles of ``BK × BV``. Only the
   read sums over ``K``: program ``(i_k, i_v)`` writes its slice's part of it,
@@ -43,10 +45,9 @@ Three schedules of the levels (``schedule=``; by default :func:`default_schedule
 Two layouts (``decay_scales=``): the eager one above, and the lazy one of
 :class:`~loglin_edu.decoding.FenwickCache` (a level's value ``c^(l) stored^(l)``, its scale repeated in
 every value column of ``decay_scales: [B, H, L, V]``): the step multiplies every scale by ``exp(g)``, reads
-the live levels, and writes only the tiles that change — level 0 (``k vᵀ``, scale 1) and the carry's target
-(``Σ_{m <= j} c^(m) stored^(m)``, scale ``exp(g)``); the levels it empties get scale 0 and keep their
-tiles. That is ``(p + 3) · K · V · 4`` bytes per head, and at most ``(2p + 3) · V · 4`` for the scales
-(:func:`step_bytes`).
+the live levels, and writes only the tile that changes — the carry's target (``k vᵀ + Σ_{m <= j} c^(m)
+stored^(m)``, scale 1); the levels it empties get scale 0 and keep their tiles. That is ``(p + 1) · K · V · 4``
+bytes per head, and ``(2p + 1) · V · 4`` for the scales (:func:`step_bytes`).
 
 The lazy layout and the ``"split"`` schedule: a head's scales are read and rewritten by all its programs, and
 programs run in no order, so a program must never read a scale another has already rewritten (it would decay
@@ -94,18 +95,16 @@ def token_decay(g_ptr, i_b, i_h, sgb, sgh, HAS_DECAY: tl.constexpr):
 
 
 @triton.jit
-def level_flags(t, lvl):
-    """The carry at level ``lvl`` for the token at position ``t`` (int64 scalars, ``lvl`` a tensor so that its
-    comparisons stay booleans in the interpreter too): ``(live_before, live_after, into, cleared)`` — the level
-    holds keys before the step, holds keys after it, receives the carry (``l = j + 1``), is emptied by it
-    (``l <= j``)."""
-    low = t & (-t)  # 2^j, 0 at t = 0
-    below = tl.maximum(lvl - 1, 0)
-    live_before = (t >= 1) & ((lvl == 0) | ((((t - 1) >> below) & 1) == 1))
-    live_after = (lvl == 0) | (((t >> below) & 1) == 1)
-    into = (lvl >= 1) & ((low >> below) == 1)
-    cleared = (low >> lvl) > 0
-    return live_before, live_after, into, cleared
+def level_flags(t, slot):
+    """Slot ``slot`` (level ``slot + 1``) in the step of the token at position ``t`` (int64 scalars, ``slot`` a
+    tensor so that its comparisons stay booleans in the interpreter too): ``(live, into, cleared)`` — the slot
+    holds keys before the step (bit ``slot`` of ``t``), receives the carry (``2^slot = low``), is emptied by it
+    (``2^slot < low``), with ``low = (t + 1) & -(t + 1)``."""
+    low = (t + 1) & (-(t + 1))  # 2^j
+    live = ((t >> slot) & 1) == 1
+    into = (low >> slot) == 1
+    cleared = (low >> slot) > 1
+    return live, into, cleared
 
 
 @triton.jit
@@ -116,24 +115,28 @@ def tile_mask(rk, rv, rows_on, K, V):
 
 
 @triton.jit
-def eager_level(state, carried, written, lvl, into, cleared, decay):
-    """A level's tile after the step (eager layout) from its tile before (zeros when empty), and the running
-    carry sum ``Σ_{m <= l} S^(m)`` of the tiles before."""
-    carried += state
-    state = tl.where(into, carried, tl.where(cleared, 0.0, state)) * decay
-    return tl.where(lvl == 0, written, state), carried
+def eager_level(state, carried, written, into, cleared, decay):
+    """A slot in the step (eager layout), from its tile before (zeros when empty) and the running carry sum
+    ``carried = Σ_{m < l} S^(m)`` of the decayed tiles below it: ``(value, state, carried)`` — its decayed value
+    (what the read takes), its tile after the carry (``k vᵀ + carried`` at the target, zeros where emptied) and
+    the running sum with its value added."""
+    value = state * decay
+    state = tl.where(into, carried + written, tl.where(cleared, 0.0, value))
+    return value, state, carried + value
 
 
 @triton.jit
-def lazy_level(state, scale, carried, written, lvl, into, cleared, decay):
-    """A level's stored tile and scale (a scalar) after the step (lazy layout) from those before (zeros when
-    empty), and the running carry sum ``Σ_{m <= l} c^(m) stored^(m)``: the carry's target stores the sum with
-    scale ``exp(g)``, an emptied level keeps its tile with scale 0, level 0 stores ``k vᵀ`` with scale 1."""
-    carried += scale * state
-    state = tl.where(into, carried, state)
-    scale = tl.where(into, 1.0, tl.where(cleared, 0.0, scale)) * decay
-    is_level0 = lvl == 0
-    return tl.where(is_level0, written, state), tl.where(is_level0, 1.0, scale), carried
+def lazy_level(state, scale, carried, written, into, cleared, decay):
+    """A slot in the step (lazy layout), from its stored tile and scale (a scalar) before (zeros when empty) and
+    the running carry sum ``carried = Σ_{m < l} c^(m) stored^(m)`` of the decayed values below it:
+    ``(value, state, scale, carried)`` — its decayed value ``c stored`` (what the read takes), its stored tile
+    and scale after the carry (the target stores ``k vᵀ + carried`` with scale 1, an emptied slot keeps its tile
+    with scale 0, any other keeps its tile with the decayed scale) and the running sum with its value added."""
+    scale = scale * decay
+    value = scale * state
+    state = tl.where(into, carried + written, state)
+    scale = tl.where(into, 1.0, tl.where(cleared, 0.0, scale))
+    return value, state, scale, carried + value
 
 
 @triton.jit
@@ -189,22 +192,22 @@ def fenwick_decode_kernel(
     HAS_DECAY: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     """The ``"loop"`` schedule, eager layout. Grid ``(V / BV, H, B)``. levels: [B, H, L, K, V] (V contiguous);
-    q, k: [B, H or 1, K] (head stride 0 when shared); v, o: [B, H, V]; lam: [B, H, >= L]; g: [B, H]; position:
-    [B] int64."""
+    q, k: [B, H or 1, K] (head stride 0 when shared); v, o: [B, H, V]; lam: [B, H, >= L + 1] (level 0 first);
+    g: [B, H]; position: [B] int64."""
     i_v, i_h, i_b, rk, rv, t, q, k, v, decay, base, tile, lam_row = program_start(
         levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V,
         s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, HAS_DECAY, BK, BV)
     written = k[:, None] * v[None, :]
-    carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m <= l} S^(m) before the step
-    out = tl.zeros((BV,), dtype=tl.float32)
+    carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m < l} exp(g) S^(m)
+    out = tl.load(lam_row).to(tl.float32) * tl.sum(q[:, None] * written, 0)  # level 0: λ_0 (q·k) v
     for i_l in range(L):
-        lvl = tl.full((), 0, tl.int64) + i_l
-        live_before, live_after, into, cleared = level_flags(t, lvl)
+        slot = tl.full((), 0, tl.int64) + i_l
+        live, into, cleared = level_flags(t, slot)
         ptrs = base + i_l * s_ll + tile
-        state = tl.load(ptrs, mask=tile_mask(rk, rv, live_before, K, V), other=0.0)
-        state, carried = eager_level(state, carried, written, lvl, into, cleared, decay)
-        tl.store(ptrs, state, mask=tile_mask(rk, rv, live_before | live_after, K, V))
-        out += tl.load(lam_row + i_l).to(tl.float32) * tl.sum(q[:, None] * state, 0)
+        state = tl.load(ptrs, mask=tile_mask(rk, rv, live, K, V), other=0.0)
+        value, state, carried = eager_level(state, carried, written, into, cleared, decay)
+        tl.store(ptrs, state, mask=tile_mask(rk, rv, live | into, K, V))
+        out += tl.load(lam_row + i_l + 1).to(tl.float32) * tl.sum(q[:, None] * value, 0)
     store_output(o_ptr, out, i_b, i_h, sob, soh, rv, V)
 
 
@@ -225,19 +228,19 @@ def lazy_decode_kernel(
         s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, HAS_DECAY, BK, BV)
     written = k[:, None] * v[None, :]
     scale_row = scales_ptr + i_b.to(tl.int64) * s_cb + i_h.to(tl.int64) * s_ch + i_v * BV  # the first column
-    carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m <= l} c^(m) stored^(m) before the step
-    weighted = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_l λ_l c^(l) stored^(l) after the step
+    carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m < l} exp(g) c^(m) stored^(m)
+    weighted = tl.load(lam_row).to(tl.float32) * written  # Σ_l λ_l S^(l), level 0 the token's k vᵀ
     for i_l in range(L):
-        lvl = tl.full((), 0, tl.int64) + i_l
-        live_before, live_after, into, cleared = level_flags(t, lvl)
+        slot = tl.full((), 0, tl.int64) + i_l
+        live, into, cleared = level_flags(t, slot)
         ptrs = base + i_l * s_ll + tile
-        state = tl.load(ptrs, mask=tile_mask(rk, rv, live_before, K, V), other=0.0)
-        scale = tl.load(scale_row + i_l * s_cl, mask=live_before, other=0.0)
+        state = tl.load(ptrs, mask=tile_mask(rk, rv, live, K, V), other=0.0)
+        scale = tl.load(scale_row + i_l * s_cl, mask=live, other=0.0)
         tl.debug_barrier()  # every thread has read the level's scale before any thread overwrites it below
-        state, scale, carried = lazy_level(state, scale, carried, written, lvl, into, cleared, decay)
-        tl.store(ptrs, state, mask=tile_mask(rk, rv, into | (lvl == 0), K, V))
-        store_scale(scale_row + i_l * s_cl, scale, rv, V, live_before | live_after, BV)
-        weighted += tl.load(lam_row + i_l).to(tl.float32) * scale * state
+        value, state, scale, carried = lazy_level(state, scale, carried, written, into, cleared, decay)
+        tl.store(ptrs, state, mask=tile_mask(rk, rv, into, K, V))
+        store_scale(scale_row + i_l * s_cl, scale, rv, V, live | into, BV)
+        weighted += tl.load(lam_row + i_l + 1).to(tl.float32) * value
     out = tl.sum(q[:, None] * weighted, 0)
     store_output(o_ptr, out, i_b, i_h, sob, soh, rv, V)
 
@@ -295,20 +298,19 @@ def fenwick_decode_unrolled_kernel(
         i_v, i_h, i_b, rk, rv, t, q, k, v, decay, base, tile, lam_row = program_start(
             levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V,
             s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, HAS_DECAY, BK, BV)
-    states, lams = (), ()
+    states, lams = (), (tl.load(lam_row).to(tl.float32),)
     for i_l in tl.static_range(L):  # every load issued before any is used: no store stands between them
-        live_before, _, _, _ = level_flags(t, tl.full((), i_l, tl.int64))
-        states += (tl.load(base + i_l * s_ll + tile, mask=tile_mask(rk, rv, live_before, K, V), other=0.0),)
-        lams += (tl.load(lam_row + i_l).to(tl.float32),)
+        live, _, _ = level_flags(t, tl.full((), i_l, tl.int64))
+        states += (tl.load(base + i_l * s_ll + tile, mask=tile_mask(rk, rv, live, K, V), other=0.0),)
+        lams += (tl.load(lam_row + i_l + 1).to(tl.float32),)
     written = k[:, None] * v[None, :]
-    carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m <= l} S^(m) before the step, on the program's rows
-    weighted = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_l λ_l S^(l) after the step, on the program's rows
+    carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m < l} exp(g) S^(m), on the program's rows
+    weighted = lams[0] * written  # Σ_l λ_l S^(l) on the program's rows, level 0 the token's k vᵀ
     for i_l in tl.static_range(L):
-        lvl = tl.full((), i_l, tl.int64)
-        live_before, live_after, into, cleared = level_flags(t, lvl)
-        state, carried = eager_level(states[i_l], carried, written, lvl, into, cleared, decay)
-        tl.store(base + i_l * s_ll + tile, state, mask=tile_mask(rk, rv, live_before | live_after, K, V))
-        weighted += lams[i_l] * state
+        live, into, cleared = level_flags(t, tl.full((), i_l, tl.int64))
+        value, state, carried = eager_level(states[i_l], carried, written, into, cleared, decay)
+        tl.store(base + i_l * s_ll + tile, state, mask=tile_mask(rk, rv, live | into, K, V))
+        weighted += lams[i_l + 1] * value
     out = tl.sum(q[:, None] * weighted, 0)
     if SPLIT:
         store_partial(out_ptr, out, i_k, i_b, i_h, s_ok, s_ob, s_oh, rv, V)
@@ -341,29 +343,28 @@ def lazy_decode_unrolled_kernel(
             levels_ptr, position_ptr, q_ptr, k_ptr, v_ptr, lam_ptr, g_ptr, K, V,
             s_lb, s_lh, s_lk, sqb, sqh, svb, svh, s_lam_b, s_lam_h, sgb, sgh, HAS_DECAY, BK, BV)
         scale_row = scales_ptr + i_b.to(tl.int64) * s_cb + i_h.to(tl.int64) * s_ch + i_v * BV  # the first column
-    states, scales, lams = (), (), ()
+    states, scales, lams = (), (), (tl.load(lam_row).to(tl.float32),)
     for i_l in tl.static_range(L):  # every load issued before any is used: no store stands between them
-        live_before, _, _, _ = level_flags(t, tl.full((), i_l, tl.int64))
-        states += (tl.load(base + i_l * s_ll + tile, mask=tile_mask(rk, rv, live_before, K, V), other=0.0),)
+        live, _, _ = level_flags(t, tl.full((), i_l, tl.int64))
+        states += (tl.load(base + i_l * s_ll + tile, mask=tile_mask(rk, rv, live, K, V), other=0.0),)
         if SPLIT:  # column i_kv, which no other program writes
-            scales += (tl.load(scale_row + i_l * s_cl + i_kv, mask=live_before, other=0.0),)
+            scales += (tl.load(scale_row + i_l * s_cl + i_kv, mask=live, other=0.0),)
         else:
-            scales += (tl.load(scale_row + i_l * s_cl, mask=live_before, other=0.0),)
-        lams += (tl.load(lam_row + i_l).to(tl.float32),)
+            scales += (tl.load(scale_row + i_l * s_cl, mask=live, other=0.0),)
+        lams += (tl.load(lam_row + i_l + 1).to(tl.float32),)
     tl.debug_barrier()  # every thread has read every scale it reads before any thread overwrites one below
     written = k[:, None] * v[None, :]
-    carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m <= l} c^(m) stored^(m) before the step, the program's rows
-    weighted = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_l λ_l c^(l) stored^(l) after the step, the program's rows
+    carried = tl.zeros((BK, BV), dtype=tl.float32)  # Σ_{m < l} exp(g) c^(m) stored^(m), the program's rows
+    weighted = lams[0] * written  # Σ_l λ_l S^(l) on the program's rows, level 0 the token's k vᵀ
     for i_l in tl.static_range(L):
-        lvl = tl.full((), i_l, tl.int64)
-        live_before, live_after, into, cleared = level_flags(t, lvl)
-        state, scale, carried = lazy_level(states[i_l], scales[i_l], carried, written, lvl, into, cleared, decay)
-        tl.store(base + i_l * s_ll + tile, state, mask=tile_mask(rk, rv, into | (lvl == 0), K, V))
+        live, into, cleared = level_flags(t, tl.full((), i_l, tl.int64))
+        value, state, scale, carried = lazy_level(states[i_l], scales[i_l], carried, written, into, cleared, decay)
+        tl.store(base + i_l * s_ll + tile, state, mask=tile_mask(rk, rv, into, K, V))
         if SPLIT:
-            store_owned_scales(scale_row + i_l * s_cl, scale, i_kv, P, V, live_before | live_after, COLS)
+            store_owned_scales(scale_row + i_l * s_cl, scale, i_kv, P, V, live | into, COLS)
         else:
-            store_scale(scale_row + i_l * s_cl, scale, rv, V, live_before | live_after, BV)
-        weighted += lams[i_l] * scale * state
+            store_scale(scale_row + i_l * s_cl, scale, rv, V, live | into, BV)
+        weighted += lams[i_l + 1] * value
     out = tl.sum(q[:, None] * weighted, 0)
     if SPLIT:
         store_partial(out_ptr, out, i_k, i_b, i_h, s_ok, s_ob, s_oh, rv, V)
@@ -410,15 +411,15 @@ def default_schedule(batch: int, heads: int) -> str:
 
 def default_block_v(schedule: str, levels: int, value_dim: int) -> int:
     """The value tile ``BV`` of one program: 32 for the ``"loop"`` schedule; for the ``"unrolled"`` one, which
-    holds ``levels`` tiles at once, 16 up to 15 levels (16K tokens) and 8 beyond — the fastest tiles of the
-    measurement in :func:`default_schedule`; 16 for the ``"split"`` one, whose tiles are ``block_k`` rows tall
-    (64-byte rows, two 32-byte sectors). At most ``block(value_dim)``."""
+    holds ``levels`` tiles at once (the buffer's slots), 16 up to 14 slots (16K tokens) and 8 beyond — the
+    fastest tiles of the measurement in :func:`default_schedule`; 16 for the ``"split"`` one, whose tiles are
+    ``block_k`` rows tall (64-byte rows, two 32-byte sectors). At most ``block(value_dim)``."""
     widest = block(value_dim)
     if schedule == "loop":
         return min(32, widest)
     if schedule == "split":
         return min(16, widest)
-    return min(16 if levels <= 15 else 8, widest)
+    return min(16 if levels <= 14 else 8, widest)
 
 
 SPLIT_ROWS = 32
@@ -472,16 +473,17 @@ def default_num_warps(schedule: str, levels: int, block_k: int, block_v: int) ->
     return 8
 
 
-def step_bytes(position: int, key_dim: int, value_dim: int, lazy: bool = False) -> int:
+def step_bytes(position: int, key_dim: int, value_dim: int, lazy: bool = False, levels: int | None = None) -> int:
     """Bytes of levels (and scales) one head's step moves at ``position`` (module docstring): with
-    ``p = popcount(position - 1)``, ``(2p + 3) · K · V · 4`` eager and ``(p + 3) · K · V · 4 + (2p + 3) · V · 4``
-    lazy; at position 0 one level (and one scale row) written."""
-    if position == 0:
-        return (key_dim + lazy) * value_dim * 4
-    p = bin(position - 1).count("1")
+    ``p = popcount(position)`` live slots read and ``w = 1`` for the carry's target, ``(2p + w) · K · V · 4`` eager
+    and ``(p + w) · K · V · 4 + (2p + w) · V · 4`` lazy. ``levels``: the buffer's slots; ``w = 0`` when the target,
+    slot ``j`` with ``2^j = (position + 1) & -(position + 1)``, lies past them (None: a buffer deep enough)."""
+    p = bin(position).count("1")
+    target = (position + 1) & -(position + 1)
+    w = int(levels is None or target < 1 << levels)
     if lazy:
-        return ((p + 3) * key_dim + 2 * p + 3) * value_dim * 4
-    return (2 * p + 3) * key_dim * value_dim * 4
+        return ((p + w) * key_dim + 2 * p + w) * value_dim * 4
+    return (2 * p + w) * key_dim * value_dim * 4
 
 
 def decode_step_(
@@ -502,9 +504,11 @@ def decode_step_(
 ) -> torch.Tensor:
     """One step of log-linear Mamba-2 for every sequence, in place (module docstring).
 
-    levels: ``[B, H, L, K, V]`` fp32, V contiguous (updated in place); position: ``[B]`` int64 (advanced by
-    one in place unless ``advance=False``, which a benchmark uses to repeat one position); q, k: ``[B, H or 1, K]`` (one head shared by all, as Mamba-2's B and C); v: ``[B, H, V]``;
-    level_scales: ``[B, H, >= L]``; log_decay: ``[B, H]`` or None. Returns o ``[B, H, V]`` in v's dtype.
+    levels: ``[B, H, L, K, V]`` fp32, V contiguous (updated in place; slot ``i`` holds level ``i + 1``); position:
+    ``[B]`` int64 (advanced by one in place unless ``advance=False``, which a benchmark uses to repeat one
+    position); q, k: ``[B, H or 1, K]`` (one head shared by all, as Mamba-2's B and C); v: ``[B, H, V]``;
+    level_scales: ``[B, H, >= L + 1]`` (column ``l`` for level ``l``, level 0 first); log_decay: ``[B, H]`` or None.
+    Returns o ``[B, H, V]`` in v's dtype.
     decay_scales: None for the eager layout, or the lazy layout's ``[B, H, L, V]`` fp32 scales, V contiguous
     (updated in place). schedule: ``"loop"``, ``"unrolled"`` or ``"split"`` (module docstring; by default
     :func:`default_schedule`). block_v: the V-tile of one program (more programs for a small batch; by default
@@ -525,9 +529,9 @@ def decode_step_(
         raise ValueError(f"the decode kernel holds K <= {MAX_BLOCK}, got K={K}")
     if q.shape != k.shape or q.shape[0] != B or q.shape[1] not in (1, H) or q.shape[2] != K:
         raise ValueError(f"q, k must have shape [B={B}, H={H} or 1, K={K}], got {tuple(q.shape)}, {tuple(k.shape)}")
-    if tuple(v.shape) != (B, H, V) or level_scales.shape[:2] != (B, H) or level_scales.shape[2] < L:
+    if tuple(v.shape) != (B, H, V) or level_scales.shape[:2] != (B, H) or level_scales.shape[2] < L + 1:
         raise ValueError(
-            f"v must be [B={B}, H={H}, V={V}] and level_scales [B, H, >= {L}], got {tuple(v.shape)}, "
+            f"v must be [B={B}, H={H}, V={V}] and level_scales [B, H, >= {L + 1}], got {tuple(v.shape)}, "
             f"{tuple(level_scales.shape)}"
         )
     if decay_scales is not None and (

@@ -24,16 +24,19 @@ def test_decode_benchmark_cpu_tier(tmp_path):
     state = CPU.heads * CPU.key * CPU.value * 4  # one fp32 K × V state per head
     for B in CPU.batches:
         for T in CPU.contexts:
-            L = (T - 1).bit_length() + 1
+            L = (T - 1).bit_length()  # the buffer's slots: levels 1..L of the next query
             scales = B * CPU.heads * L * CPU.value * 4  # the lazy layout's decay scales
             for name, (_, lazy) in [*KERNEL_VARIANTS.items(), ("loglinear_torch", (None, True))]:
                 assert rows[(name, B, T)]["state_bytes"] == B * (L * state + 8) + lazy * scales, name
-            assert rows[("loglinear", B, T)]["live_levels_before"] == [0] + [
-                lvl for lvl in range(1, L) if (T - 2) >> (lvl - 1) & 1]
+                assert rows[(name, B, T)]["levels"] == L, name
+            assert rows[("loglinear", B, T)]["live_levels_before"] == [
+                lvl for lvl in range(1, L + 1) if (T - 1) >> (lvl - 1) & 1]
             for name in KERNEL_VARIANTS:
                 assert rows[(name, B, T)]["live_levels_before"] == rows[("loglinear", B, T)]["live_levels_before"]
-            p = bin(T - 2).count("1")  # live levels before the step, less one
-            eager, lazy = B * (2 * p + 3) * state, B * ((p + 3) * state + (2 * p + 3) * CPU.heads * CPU.value * 4)
+            p = bin(T - 1).count("1")  # live levels before the step
+            target = int(T & (T - 1) != 0)  # the carry of token T - 1 fills level j + 1, 2^j = T & -T, if it is in
+            eager = B * (2 * p + target) * state
+            lazy = B * ((p + target) * state + (2 * p + target) * CPU.heads * CPU.value * 4)
             for name, (_, is_lazy) in KERNEL_VARIANTS.items():
                 assert rows[(name, B, T)]["moved_bytes"] == (lazy if is_lazy else eager), name
             assert rows[("loglinear", B, T)]["schedule"] == default_schedule(B, CPU.heads)
@@ -44,6 +47,7 @@ def test_decode_benchmark_cpu_tier(tmp_path):
     variants = saved["goals"]["variants_within_2x_mamba2"]
     assert set(variants) == set(KERNEL_VARIANTS) and all(set(v) == cells for v in variants.values())
     assert variants["loglinear"] == saved["goals"]["loglinear_within_2x_mamba2"]
+    assert saved["goals"]["loglinear_states_per_head_at_1M"]["bound"] == 20  # levels 1..20 of the next query
 
 
 def test_a_kv_cache_over_the_limit_is_skipped_with_its_reason():

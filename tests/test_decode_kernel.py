@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kernel_helpers import DEVICE, guard_intact, padded_copy
-from loglin_edu.decoding import FenwickCache, carry_masks
+from loglin_edu.decoding import FenwickCache, carry_masks, live_levels
 from operators import assert_close
 
 decode = pytest.importorskip("loglin_edu.kernels.decode_step")
@@ -48,7 +48,7 @@ def check_steps(cache, steps, block_v, what, Hk, decay=True):
     B, H, L, K, V = cache.levels.shape
     levels, position = cache.levels.clone(), cache.position.clone()
     for i in range(steps):
-        q, k, v, lam, g = random_step(gen, B, H, Hk, K, V, L, decay)
+        q, k, v, lam, g = random_step(gen, B, H, Hk, K, V, L + 1, decay)
         expected = cache.step(q.expand(B, H, K), k.expand(B, H, K), v, lam, g)
         got = decode.decode_step_(levels, position, q, k, v, lam, g, schedule="loop", block_v=block_v)
         where = f"{what}, step {i} at positions {cache.position.tolist()}"
@@ -64,7 +64,7 @@ def test_kernel_step_equals_the_tensor_step_from_the_first_token():
 
 @pytest.mark.parametrize("decay", [True, False])
 def test_kernel_step_at_different_positions_and_long_carries(decay):
-    """One batch at positions 63 and 100 of 128 (L = 8): the carry of token 64 fills level 7; per-head q, k."""
+    """One batch at positions 63 and 100 of 128 (7 slots): the carry of token 63 fills level 7; per-head q, k."""
     cache = prepared_cache(2, 2, 5, 6, max_len=128, positions=[63, 100], seed=3)
     check_steps(cache, 3, block_v=16, what=f"positions 63, 100, decay={decay}", Hk=2, decay=decay)
 
@@ -143,7 +143,7 @@ def fp32(cache):
 def check_variant(name, eager, lazy, steps, block_v, Hk, decay, block_k=None):
     """``steps`` tokens through the variant ``name``, the loop kernel and the float64 tensor step of the
     variant's layout, side by side: outputs, level values, positions; for the lazy layout also the scales,
-    and every stored tile but level 0 and the carry's target left as it was. ``block_k``: the key rows of the
+    and every stored tile but the carry's target left as it was. ``block_k``: the key rows of the
     split schedule's programs (``None``: its default)."""
     schedule, is_lazy = VARIANTS[name]
     exact = lazy if is_lazy else eager
@@ -151,10 +151,10 @@ def check_variant(name, eager, lazy, steps, block_v, Hk, decay, block_k=None):
     gen = torch.Generator().manual_seed(11)
     B, H, L, K, V = eager.levels.shape
     for i in range(steps):
-        q, k, v, lam, g = random_step(gen, B, H, Hk, K, V, L, decay)
+        q, k, v, lam, g = random_step(gen, B, H, Hk, K, V, L + 1, decay)
         where = f"{name}, step {i} at positions {fast.position.tolist()}"
         into, _ = carry_masks(fast.position, L)
-        written = (into | (torch.arange(L, device=DEVICE) == 0))[:, None, :, None, None].expand_as(fast.levels)
+        written = into[:, None, :, None, None].expand_as(fast.levels)
         stored_before = fast.levels.clone()
         expected = exact.step(*(x.double().expand(B, H, K) for x in (q, k)), *(None if x is None else x.double()
                                                                              for x in (v, lam, g)))
@@ -172,12 +172,12 @@ def check_variant(name, eager, lazy, steps, block_v, Hk, decay, block_k=None):
         if is_lazy:
             assert_close(fast.decay_scales.double(), exact.decay_scales, rtol=1e-6, what=f"{where}: scales")
             torch.testing.assert_close(fast.levels[~written], stored_before[~written], rtol=0, atol=0, equal_nan=True,
-                                       msg=f"{where}: a tile other than level 0 and the carry's target changed")
+                                       msg=f"{where}: a tile other than the carry's target changed")
 
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_variant_equals_the_loop_kernel_at_many_positions(name):
-    """One batch at 0, 1, powers of two and their neighbours up to 33 and two random positions (L = 7), q, k
+    """One batch at 0, 1, powers of two and their neighbours up to 33 and two random positions (6 slots), q, k
     shared by the heads, with decay: three consecutive tokens."""
     positions = [0, 1, 3, 4, 7, 8, 15, 16, 17, 31, 32, 33]
     positions += torch.randint(0, 63, (2,), generator=torch.Generator().manual_seed(2)).tolist()
@@ -188,7 +188,7 @@ def test_variant_equals_the_loop_kernel_at_many_positions(name):
 @pytest.mark.parametrize("decay", [True, False], ids=["decay", "no_decay"])
 @pytest.mark.parametrize("name", VARIANTS)
 def test_variant_equals_the_loop_kernel_from_the_first_token(name, decay):
-    """Two sequences from positions 0 and 5, eight tokens (every carry into levels 1 to 3), per-head q, k, the
+    """Two sequences from positions 0 and 5, eight tokens (every carry into levels 1 to 4), per-head q, k, the
     value columns split over two programs (and the key rows over two, for the split schedule)."""
     eager, lazy = prepared_layouts(2, 5, 6, 16, [0, 5], seed=4)
     check_variant(name, eager, lazy, steps=8, block_v=4, Hk=2, decay=decay, block_k=SMALL_SLICE)
@@ -238,8 +238,8 @@ def test_variants_refuse_what_they_do_not_compute():
     q, k, v, lam, g = random_step(torch.Generator().manual_seed(0), 1, 2, 1, 4, 4, cache.num_levels)
     with pytest.raises(ValueError, match=r"schedule must be one of \('loop', 'unrolled', 'split'\), got 'tiled'"):
         decode.decode_step_(cache.levels, cache.position, q, k, v, lam, g, schedule="tiled")
-    with pytest.raises(ValueError, match=r"decay_scales must be float32 \[B=1, H=2, L=4, V=4\]"):
-        decode.decode_step_(cache.levels, cache.position, q, k, v, lam, g, decay_scales=cache.decay_scales[:, :, :3])
+    with pytest.raises(ValueError, match=r"decay_scales must be float32 \[B=1, H=2, L=3, V=4\]"):
+        decode.decode_step_(cache.levels, cache.position, q, k, v, lam, g, decay_scales=cache.decay_scales[:, :, :2])
     with pytest.raises(ValueError, match="got torch.float64"):
         decode.decode_step_(cache.levels, cache.position, q, k, v, lam, g, decay_scales=cache.decay_scales.double())
 
@@ -249,14 +249,15 @@ def test_variants_refuse_what_they_do_not_compute():
 def test_split_equals_the_loop_schedule_token_after_token_from_the_first(name, block_k, block_v):
     """One sequence, K = 40 and V = 24 (neither a multiple of the tiles: the last key slice and value block are
     partial), an odd number of key slices: the 16 tokens from position 0 to the buffer's end, through every
-    carry of levels 1 to 4, against the loop kernel and the float64 tensor step."""
+    carry into levels 1 to 4 and the last token's, into level 5, which has no slot (the buffer ends empty), against
+    the loop kernel and the float64 tensor step."""
     eager, lazy = prepared_layouts(1, 40, 24, 16, [0], seed=7)
     check_variant(name, eager, lazy, steps=16, block_v=block_v, Hk=1, decay=True, block_k=block_k)
 
 
 @pytest.mark.parametrize("name", ["split", "lazy_split"])
 def test_split_equals_the_loop_schedule_for_a_batch_at_different_positions(name):
-    """Three sequences at positions 6, 14 and 31 (carries into levels 2, 4 and 6 among the three tokens), K = 40
+    """Three sequences at positions 6, 14 and 31 (carries into levels 4, 5 and 6 among the three tokens), K = 40
     in three key slices, V = 24 in three value blocks: nine programs a head."""
     eager, lazy = prepared_layouts(1, 40, 24, 64, [6, 14, 31], seed=8)
     check_variant(name, eager, lazy, steps=3, block_v=8, Hk=1, decay=True, block_k=16)
@@ -292,7 +293,7 @@ def test_default_schedule_and_tile_follow_the_batch_and_the_levels():
     assert decode.default_schedule(1, 48) == "unrolled" and decode.default_schedule(2, 48) == "loop"
     assert decode.default_schedule(decode.UNROLLED_UP_TO, 1) == "unrolled"
     assert decode.default_block_v("loop", 21, 64) == 32 and decode.default_block_v("loop", 21, 8) == 16
-    assert decode.default_block_v("unrolled", 15, 64) == 16 and decode.default_block_v("unrolled", 16, 64) == 8
+    assert decode.default_block_v("unrolled", 14, 64) == 16 and decode.default_block_v("unrolled", 15, 64) == 8
 
 
 @pytest.mark.parametrize("batch, heads", [(1, 2), (33, 2)])
@@ -320,13 +321,24 @@ def test_default_launch_equals_the_loop_kernel(batch, heads):
 
 
 def test_step_bytes_count_the_tiles_each_layout_moves():
-    """Eager: ``p + 1`` tiles in and ``p + 2`` out; lazy: ``p + 1`` in, 2 out, and the scales."""
+    """Eager: the live slots read, and written back with the carry's target; lazy: the live slots read, the target
+    written, and the scales of the slots live before or after. Counted from the masks of :mod:`loglin_edu.decoding`
+    at every position a buffer of 11 slots steps from, and at the first and last of one of 20 (a target past the
+    buffer is not written)."""
     K, V = 128, 64
-    tile = K * V * 4
-    assert decode.step_bytes(0, K, V) == tile and decode.step_bytes(0, K, V, lazy=True) == tile + V * 4
-    assert decode.step_bytes(1023, K, V) == 21 * tile  # p = popcount(1022) = 9
-    assert decode.step_bytes(1023, K, V, lazy=True) == 12 * tile + 21 * V * 4
-    assert decode.step_bytes(2**20 - 1, K, V) == 41 * tile
+    tile, row = K * V * 4, V * 4
+    for levels in (11, 20):
+        positions = torch.cat([torch.arange(0, 2000), torch.arange(2**levels - 48, 2**levels)])
+        live, (into, _) = live_levels(positions, levels), carry_masks(positions, levels)
+        counts = zip(positions.tolist(), live.sum(1).tolist(), into.sum(1).tolist(), (live | into).sum(1).tolist())
+        for t, read, target, written in counts:
+            assert decode.step_bytes(t, K, V, levels=levels) == (read + written) * tile, (levels, t)
+            assert decode.step_bytes(t, K, V, lazy=True, levels=levels) == (read + target) * tile + (read + written) * row
+    assert decode.step_bytes(0, K, V) == tile and decode.step_bytes(0, K, V, lazy=True) == tile + row
+    assert decode.step_bytes(1023, K, V) == 21 * tile  # p = popcount(1023) = 10 read, 11 written
+    assert decode.step_bytes(1023, K, V, lazy=True) == 11 * tile + 21 * row
+    assert decode.step_bytes(2**20 - 1, K, V, levels=20) == 40 * tile  # the last token of 2^20: no target
+    assert decode.step_bytes(2**20 - 1, K, V, lazy=True, levels=20) == 20 * tile + 40 * row
 
 
 @pytest.mark.gpu
@@ -348,7 +360,7 @@ def test_kernel_step_with_bf16_inputs_against_float64():
 @pytest.mark.parametrize("name", VARIANTS)
 def test_variant_with_bf16_inputs_against_float64(name):
     """As :func:`test_kernel_step_with_bf16_inputs_against_float64`, for each variant (compiled at K = 128,
-    V = 64, L = 10)."""
+    V = 64, 9 slots)."""
     schedule, lazy = VARIANTS[name]
     gen = torch.Generator().manual_seed(6)
     B, H, K, V = 4, 8, 128, 64
@@ -368,8 +380,9 @@ def test_variant_with_bf16_inputs_against_float64(name):
 @pytest.mark.parametrize("block_v", [8, 16, 32, 64])
 @pytest.mark.parametrize("name", VARIANTS)
 def test_variant_at_a_million_tokens_equals_the_loop_kernel(name, block_v):
-    """The benchmark's fullest state, position 2^20 - 1 (L = 21, 20 live levels) at K = 128, V = 64, every V-tile
-    it times (the unrolled schedule's registers spill at the wide ones): two steps against the loop kernel."""
+    """The benchmark's fullest state, position 2^20 - 1 (20 slots, all live) at K = 128, V = 64, every V-tile it
+    times (the unrolled schedule's registers spill at the wide ones): two steps against the loop kernel, the last
+    one the buffer's last token (its carry has no slot: every level ends empty)."""
     schedule, lazy = VARIANTS[name]
     gen = torch.Generator().manual_seed(7)
     B, H, K, V, T = 2, 4, 128, 64, 2**20
@@ -384,7 +397,7 @@ def test_variant_at_a_million_tokens_equals_the_loop_kernel(name, block_v):
     baseline.levels[:, :, live] = scales * stored
     if lazy:
         fast.decay_scales[:, :, live] = scales[..., 0].expand(-1, -1, -1, V)
-    for i in range(2):  # tokens T - 2 (a carry into level 2) and T - 1
+    for i in range(2):  # tokens T - 2 (a carry into level 1) and T - 1 (into level 21, past the buffer)
         q, k, v, lam, g = random_step(gen, B, H, 1, K, V, baseline.num_levels)
         wanted = decode.decode_step_(baseline.levels, baseline.position, q, k, v, lam, g, schedule="loop",
                                      block_v=block_v)
@@ -393,6 +406,7 @@ def test_variant_at_a_million_tokens_equals_the_loop_kernel(name, block_v):
         assert_close(got.double(), wanted.double(), rtol=1e-5, what=f"{name}, BV={block_v}, step {i}: o")
         assert_close(fast.level_values().double(), baseline.levels.double(), rtol=1e-5,
                      what=f"{name}, BV={block_v}, step {i}: levels")
+    assert not fast.live().any() and not fast.level_values().any() and not baseline.levels.any()
 
 
 @pytest.mark.gpu

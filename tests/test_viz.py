@@ -218,11 +218,14 @@ def test_browser_explorers_reject_bad_settings():
         viz.browser.mask_explorer(lambdas=[1.0, 2.0])
 
 
-def test_decoding_buffer_holds_the_bucket_sizes_like_the_list_state():
-    buffer = viz.buffer_occupancy(40)
-    assert not buffer[0].any()
-    listed = viz.counter_occupancy(40)
-    assert np.array_equal(buffer[1:, : listed.shape[1]], listed)
+def test_decoding_buffer_holds_the_bucket_sizes_of_the_next_query():
+    """After t tokens slot i holds bucket i + 1 of query t: 2^i keys where bit i of t is set; for 32 steps the
+    buffer has room for 33 tokens, so the state after 32 (one level-6 bucket) fits."""
+    for steps in (40, 32):
+        buffer = viz.buffer_occupancy(steps)
+        assert buffer.shape == (steps + 1, steps.bit_length())
+        for t in range(steps + 1):
+            assert buffer[t].tolist() == [len(le.bucket(t, i + 1)) for i in range(buffer.shape[1])], (steps, t)
 
 
 def test_decoding_figures_render():
@@ -250,8 +253,9 @@ def test_counter_animation_titles_count_in_the_singular_and_plural():
         animation._func(t)
         titles[t] = animation._fig.axes[0].get_title()
     assert titles[1].startswith("after 1 token (") and ": 1 level live" in titles[1]
-    for t in (2, 3, 4):  # level 0 and one level per set bit of the last position t - 1
-        live = 1 + bin(t - 1).count("1")
-        assert titles[t].startswith(f"after {t} tokens (") and f": {live} levels live" in titles[t]
+    for t in (2, 3, 4):  # one level per set bit of t: the buckets of the next query
+        live = bin(t).count("1")
+        assert titles[t].startswith(f"after {t} tokens (") and f": {live} level{'s' * (live > 1)} live" in titles[t]
+    assert titles[4].endswith("token 3 and levels 1..2 went into level 3")
     viz.to_html(animation)  # renders the frames and closes the figure
     plt.close("all")

@@ -8,9 +8,11 @@ state before the step, ``T`` after. Only the operator's step is timed (no projec
 replayed from a CUDA graph, median of many replays (:func:`loglin_edu.timing.median_ms`):
 
 - ``loglinear``: the Triton decode kernel (:mod:`loglin_edu.kernels.decode_step`) as the layer runs it (on the
-  lazy layout of a :class:`~loglin_edu.decoding.FenwickCache` ``[B, H, num_levels(T), K, V]`` fp32 with decay
-  scales; the kernel's default schedule, value tile and warps) at position ``T - 1``: for ``T = 2^m`` the step
-  reads the ``m`` live levels and leaves ``m + 1`` — the fullest state a length-``T`` sequence holds;
+  lazy layout of a :class:`~loglin_edu.decoding.FenwickCache` ``[B, H, num_levels(T) - 1, K, V]`` fp32 with
+  decay scales; the kernel's default schedule, value tile and warps) at position ``T - 1``: for ``T = 2^m`` the
+  step reads the ``m`` live levels, every slot of the buffer — the fullest state a length-``T`` sequence holds.
+  It is the buffer's last token: its carry empties those levels and has no slot to fill (the sum belongs to
+  level ``m + 1``; :mod:`loglin_edu.decoding`), one tile less written than a step whose target the buffer has;
 - ``loglinear_loop``, ``loglinear_unrolled``, ``loglinear_lazy``, ``loglinear_lazy_unrolled``: the same kernel
   with a runtime loop over the levels or the levels unrolled, on the eager layout (every live level rewritten
   to decay) or the lazy one, each at the fastest of the setting's value tiles; every kernel row also gives the
@@ -29,7 +31,8 @@ State bytes come from the allocator (``torch.cuda.memory_allocated()`` before an
 state; on a CPU, the tensors' sizes). A KV cache larger than ``--memory-limit`` GiB or than the free
 memory is skipped, and the reason recorded. The goals the results are read against (``goals`` in the
 JSON): the log-linear step within 2x the Mamba-2 step at every context, faster than attention with a
-KV cache from 16K tokens on, and at most 21 states per head at 1M tokens.
+KV cache from 16K tokens on, and at most 20 states per head at 1M tokens (the levels ``1..20`` of the next
+query; the lazy layout adds their decay scales, ``1/K`` of a state each).
 """
 
 from __future__ import annotations
@@ -214,7 +217,7 @@ def measure_loglinear(B: int, T: int, s: DecodeSetting, device, name: str) -> di
         if schedule is None:  # the layer's step, as it runs
             schedule = default_schedule(B, s.heads)
             ms, graph = step_ms(lambda: step(None, None, None), device)
-            timed = dict(step_ms=ms, cuda_graph=graph, block_v=default_block_v(schedule, cache.num_levels, s.value),
+            timed = dict(step_ms=ms, cuda_graph=graph, block_v=default_block_v(schedule, cache.stored_levels, s.value),
                          num_warps=None)
         else:
             timed = fastest_tile(step, s, device, s.block_k if schedule == "split" else (None,))
@@ -222,8 +225,8 @@ def measure_loglinear(B: int, T: int, s: DecodeSetting, device, name: str) -> di
             timed["block_k"] = default_block_k(s.key, s.value, timed["block_v"], lazy)
         if timed["num_warps"] is None:  # the kernel's own choice, recorded
             rows = timed.get("block_k", block(s.key))
-            timed["num_warps"] = default_num_warps(schedule, cache.num_levels, rows, timed["block_v"])
-        moved = B * s.heads * step_bytes(T - 1, s.key, s.value, lazy)
+            timed["num_warps"] = default_num_warps(schedule, cache.stored_levels, rows, timed["block_v"])
+        moved = B * s.heads * step_bytes(T - 1, s.key, s.value, lazy, levels=cache.stored_levels)
         timed.update(schedule=schedule, layout="lazy" if lazy else "eager", moved_bytes=moved,
                      moved_gb_per_s=moved / timed["step_ms"] / 1e6)
     else:
@@ -232,8 +235,8 @@ def measure_loglinear(B: int, T: int, s: DecodeSetting, device, name: str) -> di
             cache.levels, cache.decay_scales, cache.position, x["q"].expand(heads), x["k"].expand(heads), x["v"],
             x["level_scales"], x["log_decay"]), device)
         timed = dict(step_ms=ms, cuda_graph=graph)
-    live = [int(n) for n in cache.live()[0].nonzero().flatten()]
-    return dict(timed, state_bytes=nbytes, levels=cache.num_levels, live_levels_before=live,
+    live = [int(n) + 1 for n in cache.live()[0].nonzero().flatten()]  # level i + 1 in slot i
+    return dict(timed, state_bytes=nbytes, levels=cache.stored_levels, live_levels_before=live,
                 states_per_head=nbytes / (B * s.heads * s.key * s.value * 4))
 
 
@@ -349,7 +352,8 @@ def goals(rows: list[dict], s: DecodeSetting) -> dict:
         "loglinear_within_2x_mamba2": within_2x("loglinear"),
         "variants_within_2x_mamba2": {name: within_2x(name) for name in KERNEL_VARIANTS if name in measured},
         "loglinear_faster_than_kv_cache_from_16k": faster,
-        "loglinear_states_per_head_at_1M": {"measured": states, "bound": 21, "num_levels(2^20)": num_levels(2**20)},
+        "loglinear_states_per_head_at_1M": {"measured": states, "bound": num_levels(2**20) - 1,
+                                            "scales_per_level": 1 / s.key},
     }
 
 

@@ -108,16 +108,18 @@ PREFIX_LEVELS = Exercise(
 
 
 def carry_masks(position: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(into, cleared)`` of the carry before the token at each ``position`` (``[B]`` int64), ``[B, L]`` bool."""
+    """``(into, cleared)`` of the carry that ends the step of the token at each ``position`` (``[B]`` int64), over
+    the buffer's ``levels`` slots (slot ``i``: level ``i + 1``), ``[B, L]`` bool."""
     index = torch.arange(levels)
-    low = (position & -position)[:, None]  # 2^j; 0 at position 0
-    into = (index >= 1) & ((1 << index) >> 1 == low)
-    cleared = (1 << index) <= low
-    return into, cleared
+    after = position[:, None] + 1
+    low = after & -after  # 2^j: the carry fills slot j
+    return (1 << index) == low, (1 << index) < low
 
 
-def _carry_from_last_position(position, levels):
-    return package_carry_masks((position - 1).clamp(min=0), levels)
+def _carry_of_position(position, levels):
+    index = torch.arange(levels)
+    low = (position & -position)[:, None]
+    return (1 << index) == low, (1 << index) < low
 
 
 def _clears_the_target_too(position, levels):
@@ -126,9 +128,10 @@ def _clears_the_target_too(position, levels):
 
 
 def _positions(rng):
-    yield Case((torch.arange(0, 70), 8), "positions 0..69, 8 levels")
-    yield Case((torch.tensor([rng.randrange(1, 4096) for _ in range(30)] + [2048, 4095]), 13),
-               "32 random positions below 4096, 13 levels")
+    yield Case((torch.arange(0, 70), 8), "positions 0..69, 8 slots")
+    yield Case((torch.arange(0, 70), 5), "positions 0..69, 5 slots: the carries into level 6 and 7 have no slot")
+    yield Case((torch.tensor([rng.randrange(1, 4096) for _ in range(30)] + [2047, 4094]), 12),
+               "32 random positions below 4096, 12 slots")
 
 
 CARRY_MASKS = Exercise(
@@ -136,15 +139,16 @@ CARRY_MASKS = Exercise(
     chapter=12,
     signature="carry_masks(position, levels) -> (into, cleared)",
     task="Write the binary-counter carry of the tensor decoding state as masks, for a batch of positions "
-         "(`[B]` int64, the tokens each sequence has consumed): `into[b, l]` marks the level that receives the "
-         "sum of the lower ones before the token at `position[b]`, `cleared[b, l]` the levels emptied. Both "
-         "`[B, levels]` bool; nothing moves at position 0. Tensor operations only, no loop over positions.",
+         "(`[B]` int64, the tokens each sequence has consumed before the token it steps): `into[b, i]` marks the "
+         "slot (level `i + 1`) that receives the token's `β k vᵀ` and the sum of the slots below it at the end of "
+         "the step of the token at `position[b]`, `cleared[b, i]` the slots emptied. Both `[B, levels]` bool; a "
+         "carry into a level past the buffer fills no slot. Tensor operations only, no loop over positions.",
     solution=carry_masks,
     cases=_positions,
     reference=package_carry_masks,
     mistakes=(
-        (_carry_from_last_position, "the carry belongs to the token at `position`: its trailing zeros, not "
-                                    "those of position - 1."),
+        (_carry_of_position, "the carry prepares the next query, position + 1: the trailing zeros of "
+                             "position + 1, not of position."),
         (_clears_the_target_too, "level j + 1 receives the sum: it is not cleared."),
     ),
 )

@@ -208,7 +208,7 @@ class LogLinearGatedDeltaNet(GatedDeltaNet):
         return self.level_scales.max_len
 
     def empty_state(self, cache: MixerCache, device, dtype) -> None:
-        """An empty :class:`~loglin_edu.decoding.FenwickCache` ``[B, H, num_levels(max_len), K, V]``."""
+        """An empty :class:`~loglin_edu.decoding.FenwickCache` ``[B, H, num_levels(max_len) - 1, K, V]``."""
         cache.levels = FenwickCache.empty(
             cache.batch, self.num_heads, self.key_dim, self.value_dim, cache.max_len, dtype=dtype, device=device
         )

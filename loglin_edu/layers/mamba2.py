@@ -205,8 +205,9 @@ class LogLinearMamba2(Mamba2):
         return self.max_len
 
     def empty_state(self, cache: MixerCache, device, dtype) -> None:
-        """An empty :class:`~loglin_edu.decoding.FenwickCache` ``[B, H, num_levels(max_len), N, P]`` in the lazy
-        layout (the levels' decay kept as scales ``[B, H, L, P]``: a step rewrites two tiles, not every live one)."""
+        """An empty :class:`~loglin_edu.decoding.FenwickCache` ``[B, H, num_levels(max_len) - 1, N, P]`` in the
+        lazy layout (the levels' decay kept as scales ``[B, H, L, P]``: a step rewrites one tile, not every live
+        one)."""
         cache.levels = FenwickCache.empty(
             cache.batch, self.num_heads, self.d_state, self.head_dim, cache.max_len, dtype=dtype, device=device,
             lazy=True,

@@ -70,9 +70,10 @@ def stage_animation(seq_len: int, chunk_size: int) -> FuncAnimation:
 
 
 def buffer_occupancy(steps: int) -> np.ndarray:
-    """``[steps + 1, L]``: keys held by each level of a :class:`~loglin_edu.decoding.FenwickCache` after
-    ``t = 0..steps`` tokens, measured by stepping it with ``k = v = 1`` (K = V = 1) and no decay."""
-    cache = FenwickCache.empty(1, 1, 1, 1, max_len=steps, dtype=torch.float64)
+    """``[steps + 1, L]``: keys held by each slot of a :class:`~loglin_edu.decoding.FenwickCache` (slot ``i``:
+    level ``i + 1``) after ``t = 0..steps`` tokens, measured by stepping it with ``k = v = 1`` (K = V = 1) and no
+    decay. The buffer has room for one token more than ``steps``, so the state after the last one fits."""
+    cache = FenwickCache.empty(1, 1, 1, 1, max_len=steps + 1, dtype=torch.float64)
     one, lam = torch.ones(1, 1, 1, dtype=torch.float64), torch.ones(1, 1, cache.num_levels, dtype=torch.float64)
     table = [cache.levels[0, 0, :, 0, 0].clone()]
     for _ in range(steps):
@@ -82,30 +83,32 @@ def buffer_occupancy(steps: int) -> np.ndarray:
 
 
 def counter_animation(steps: int) -> FuncAnimation:
-    """One frame per token count ``t = 1..steps``: the decoding buffer's levels as bars of the keys they hold
-    (empty levels pale), and which levels the last token's carry merged."""
+    """One frame per token count ``t = 1..steps``: the decoding buffer's levels ``1..L`` as bars of the keys they
+    hold (empty levels pale), and what the last token's carry merged."""
     occupancy = buffer_occupancy(steps)
     L = occupancy.shape[1]
-    cmap, norm = level_colormap(L)
+    cmap, norm = level_colormap(L + 1)
     fig, ax = plt.subplots(figsize=(6.5, 3.2), layout="constrained")
 
     def frame(t):
         ax.clear()
         keys = occupancy[t]
-        colors = [cmap(norm(lvl)) if keys[lvl] else "0.9" for lvl in range(L)]
-        ax.bar(range(L), np.maximum(keys, 0.08), color=colors, edgecolor="0.4")
-        for lvl in range(L):
-            ax.text(lvl, max(keys[lvl], 1) * 1.15, str(keys[lvl]) if keys[lvl] else "empty", ha="center", fontsize=8)
-        position = t - 1  # of the token just consumed
-        j = (position & -position).bit_length() - 1
-        carry = f"; token {position} merged levels 0..{j} into {j + 1}" if position else ""
+        levels = range(1, L + 1)  # slot i holds level i + 1
+        colors = [cmap(norm(lvl)) if keys[lvl - 1] else "0.9" for lvl in levels]
+        ax.bar(levels, np.maximum(keys, 0.08), color=colors, edgecolor="0.4")
+        for lvl in levels:
+            held = keys[lvl - 1]
+            ax.text(lvl, max(held, 1) * 1.15, str(held) if held else "empty", ha="center", fontsize=8)
+        j = (t & -t).bit_length() - 1  # the carry of token t - 1 fills level j + 1
+        merged = f" and levels 1..{j}" if j else ""
+        carry = f"; token {t - 1}{merged} went into level {j + 1}"
         ax.set_yscale("log", base=2)
         ax.set_ylim(0.06, 2 * max(2, occupancy.max()))
-        ax.set_xticks(range(L))
+        ax.set_xticks(levels)
         ax.set_xlabel("level")
         ax.set_ylabel("keys held")
         live = int((keys > 0).sum())
-        ax.set_title(f"after {t} token{'s' * (t != 1)} (last position 0b{position:b}): "
+        ax.set_title(f"after {t} token{'s' * (t != 1)} (t = 0b{t:b}): "
                      f"{live} level{'s' * (live != 1)} live{carry}", fontsize=9)
 
     return FuncAnimation(fig, frame, frames=range(1, steps + 1), interval=600)
