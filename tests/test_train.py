@@ -489,24 +489,28 @@ def test_a_step_mode_from_the_benchmark_reaches_lambda_tied_jobs(tmp_path, monke
     assert all(kw["modes"].get(base_model(m)) == "compiled+graphs" for m in models)
 
 
-def test_the_zoology_hybrid_transformer_is_an_option_of_the_recall_tiers(tmp_path, monkeypatch):
-    """``attention_hybrid`` (``--attention-hybrid``) gives the Transformer, and only it, a gated convolution layer
-    of the tier's convolution width before an attention layer without one; it survives the worker's round trip
-    and is recorded in the results."""
+def test_the_zoology_hybrid_transformer_is_the_mqar_tiers_and_an_option_of_the_others(tmp_path, monkeypatch):
+    """``attention_hybrid`` (``--attention-hybrid`` / ``--no-attention-hybrid``) gives the Transformer, and only
+    it, a gated convolution layer of the tier's convolution width before an attention layer without one; the MQAR
+    tier has it on, lagged recall off; it survives the worker's round trip and is recorded in the results."""
     from loglin_edu.experiments.mqar import __main__ as cli
 
-    tier = replace(experiment.TIERS["gpu/mqar"], attention_hybrid=True)
+    tier = experiment.TIERS["gpu/mqar"]
+    assert tier.attention_hybrid and not experiment.TIERS["gpu/lagged"].attention_hybrid
     hybrid = experiment.model_config(tier, "transformer", 16)
     assert hybrid.hybrid_conv == 3 and hybrid.mixer_options["conv_size"] == 0
     assert experiment.model_config(tier, "mamba2", 16).hybrid_conv == 0
-    plain = experiment.model_config(experiment.TIERS["gpu/mqar"], "transformer", 16)
+    plain = experiment.model_config(replace(tier, attention_hybrid=False), "transformer", 16)
     assert plain.hybrid_conv == 0 and plain.mixer_options["conv_size"] == 3
     assert tier_from_dict(tier_to_dict(tier)).attention_hybrid
+    assert not tier_from_dict(tier_to_dict(replace(tier, attention_hybrid=False))).attention_hybrid
     calls = []
     monkeypatch.setattr(cli, "run_piece", lambda tiers, out, device, **kw: calls.append(tiers) or [])
     base = ["--tier", "gpu", "--task", "mqar", "--widths", "16", "--out", str(tmp_path), "--device", "cpu"]
-    cli.main(base + ["--attention-hybrid"])
     cli.main(base)
+    cli.main(base + ["--no-attention-hybrid"])
+    cli.main(base[:3] + ["lagged"] + base[4:] + ["--attention-hybrid"])
     assert calls[0]["gpu/mqar"].attention_hybrid and not calls[1]["gpu/mqar"].attention_hybrid
+    assert calls[2]["gpu/lagged"].attention_hybrid
     record = experiment.results_record("gpu/mqar", tier, [], device="cpu", seconds=0.0, commit=None, command=None)
     assert record["transformer"] == dict(conv_size=3, rope=False, hybrid=True)

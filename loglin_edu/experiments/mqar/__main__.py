@@ -49,8 +49,8 @@ def choose_tier(args: argparse.Namespace, name: str) -> Tier:
         changes["backend"] = args.backend
     if args.chunk_size:
         changes["chunk_size"] = args.chunk_size
-    if args.attention_hybrid:
-        changes["attention_hybrid"] = True
+    if args.attention_hybrid is not None:
+        changes["attention_hybrid"] = args.attention_hybrid
     train_changes = {k: v for k, v in dict(steps=args.steps, batch_size=args.batch_size, eval_every=args.eval_every,
                                            amp=args.amp or None, tf32=args.tf32 or None).items() if v is not None}
     if args.mode:
@@ -118,8 +118,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", choices=["torch", "auto"],
                         help="'auto': the Triton kernel for log-linear Mamba-2 on CUDA (default: torch)")
     parser.add_argument("--chunk-size", type=int, help="the recurrent mixers' chunk (default: the tier's, 64)")
-    parser.add_argument("--attention-hybrid", action="store_true",
-                        help="the Transformer as Zoology builds it: a gated convolution layer, then an attention layer")
+    parser.add_argument("--attention-hybrid", action=argparse.BooleanOptionalAction,
+                        help="the Transformer as Zoology builds it: a gated convolution layer, then an attention "
+                             "layer (default: the tier's; the MQAR tier's is on)")
     parser.add_argument("--commit", help="commit hash to record (default: git rev-parse HEAD)")
     parser.add_argument("--results", type=Path, help="also write the results file(s) into this directory")
     parser.add_argument("--no-progress", action="store_true")

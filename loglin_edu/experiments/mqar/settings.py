@@ -72,7 +72,8 @@ class Tier:
     *latest* binding of a key, which attention without positions cannot tell from an older one).
     attention_hybrid: the Transformer as Zoology builds it — its even layers a gated convolution of width
     ``attention_conv`` (:class:`~loglin_edu.layers.gated_conv.GatedConvolution`), its odd layers attention without
-    a convolution — instead of the convolution before attention in every layer.
+    a convolution — instead of the convolution before attention in every layer. The MQAR tier builds it so;
+    lagged recall keeps the convolution in every layer, with RoPE.
     """
 
     data: TaskSpec
@@ -109,7 +110,7 @@ TIERS: dict[str, Tier] = {
     ),
     "gpu/mqar": Tier(
         data=TaskSpec("mqar", seq_len=256, vocab_size=8192, sizes=(4, 8, 16, 32, 64), validation_examples=250),
-        models=MODELS + ABLATION, lrs=ZOOLOGY_LRS, train=GPU_TRAINING,
+        models=MODELS + ABLATION, lrs=ZOOLOGY_LRS, train=GPU_TRAINING, attention_hybrid=True,
     ),
     "gpu/lagged": Tier(
         data=TaskSpec("lagged", seq_len=256, vocab_size=8192, sizes=(16,), num_keys=32, train_examples=40_000,
