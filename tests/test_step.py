@@ -152,6 +152,7 @@ def test_step_time_benchmark_writes_its_rows(tmp_path):
     assert result["chunk_size"] == 4 and result["backend"] == "torch" and "chunk 4" in result["what"]
     assert result["tf32"] and not result["amp"] and "TF32 products True" in result["what"]
     assert not result["failed"] and result["complete"]
+    assert result["transformer"] == dict(conv_size=3, rope=False, hybrid=False)  # the cpu tier's layout
     assert [(r["model"], r["mode"], r["chunk_size"]) for r in result["rows"]] == [("mamba2", "eager", 4)]
     assert result["rows"][0]["ms_per_step"] > 0 and {"commit", "device", "versions"} <= result.keys()
     assert list(tmp_path.iterdir()) == [out]  # the processes' working files stay out of the results folder

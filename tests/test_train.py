@@ -514,3 +514,6 @@ def test_the_zoology_hybrid_transformer_is_the_mqar_tiers_and_an_option_of_the_o
     assert calls[2]["gpu/lagged"].attention_hybrid
     record = experiment.results_record("gpu/mqar", tier, [], device="cpu", seconds=0.0, commit=None, command=None)
     assert record["transformer"] == dict(conv_size=3, rope=False, hybrid=True)
+    assert experiment.describe_transformer(record["transformer"]).startswith("a gated convolution layer, then attention")
+    assert experiment.describe_transformer(experiment.transformer_layout(experiment.TIERS["gpu/lagged"])) == (
+        "a convolution of width 3 before attention in each layer, RoPE")

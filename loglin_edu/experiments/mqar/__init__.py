@@ -49,16 +49,18 @@ from .settings import (
     TaskSpec,
     Tier,
     base_model,
+    describe_transformer,
     make_sets,
     mixer_options,
     model_config,
     state_size,
+    transformer_layout,
 )
 
 __all__ = [
     "ABLATION", "LABELS", "MODELS", "PAPER_MQAR", "PAPER_MQAR_AT_LEAST", "TIERS", "ZOOLOGY_LRS", "ZOOLOGY_SEQUENCES",
     "TaskSpec", "Tier", "assemble", "merge", "run_piece", "level_scales_by_level", "training_scale", "validation_curve",
-    "base_model", "best_by_cell", "cell_accuracies", "cell_summary", "claims", "compare", "make_sets", "mixer_options",
+    "base_model", "best_by_cell", "describe_transformer", "cell_accuracies", "cell_summary", "claims", "compare", "make_sets", "mixer_options",
     "model_config", "results_record", "run_job", "run_tier", "state_size", "summary_table",
-    "transformer_gate", "verdict", "verdicts",
+    "transformer_gate", "transformer_layout", "verdict", "verdicts",
 ]

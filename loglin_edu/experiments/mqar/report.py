@@ -13,7 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ...provenance import provenance
-from .settings import LABELS, PAPER_MQAR, PAPER_MQAR_AT_LEAST, ZOOLOGY_SEQUENCES, Tier, base_model
+from .settings import LABELS, PAPER_MQAR, PAPER_MQAR_AT_LEAST, ZOOLOGY_SEQUENCES, Tier, base_model, transformer_layout
 
 GATE_ACCURACY = 0.99
 STEP_TOLERANCE = 0.05  # two cells whose final steps differ by more than this were not trained alike
@@ -241,8 +241,7 @@ def results_record(name: str, tier: Tier, records: list[dict[str, Any]], *, devi
         **({"merged_on": here["device"]} if trained.get("device", here["device"]) != here["device"] else {}),
         seconds=round(seconds, 1), data=asdict(tier.data), train=tier.train.to_dict(), seeds=list(tier.seeds),
         lrs=list(tier.lrs), models=list(tier.models), widths=list(tier.widths), backend=tier.backend,
-        transformer=dict(conv_size=tier.attention_conv, rope=tier.attention_rope,
-                         hybrid=tier.attention_hybrid), jobs=records,
+        transformer=transformer_layout(tier), jobs=records,
         best=best_by_cell(records),
     )
     result["gate"] = transformer_gate(result)

@@ -145,6 +145,20 @@ def mixer_options(model: str, width: int, chunk_size: int, backend: str = "torch
     return dict(num_heads=2, expand_v=2, backend="torch", chunk_size=chunk_size)
 
 
+def transformer_layout(tier: Tier) -> dict[str, Any]:
+    """How ``tier`` builds its Transformer, as results files record it: the convolution's width, RoPE, and whether
+    the convolution is a layer of its own (``hybrid``) or sits before attention in every layer."""
+    return dict(conv_size=tier.attention_conv, rope=tier.attention_rope, hybrid=tier.attention_hybrid)
+
+
+def describe_transformer(layout: dict[str, Any]) -> str:
+    """A :func:`transformer_layout` in words, e.g. "a gated convolution layer, then attention (Zoology's layout), no
+    position embedding"."""
+    where = ("a gated convolution layer, then attention (Zoology's layout)" if layout.get("hybrid") else
+             f"a convolution of width {layout['conv_size']} before attention in each layer")
+    return where + (", RoPE" if layout["rope"] else ", no position embedding")
+
+
 def model_config(tier: Tier, model: str, width: int) -> ModelConfig:
     """The :class:`~loglin_edu.layers.ModelConfig` of ``model`` at ``width`` in ``tier``."""
     hybrid = tier.attention_hybrid and base_model(model) == "transformer"

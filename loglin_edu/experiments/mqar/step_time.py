@@ -36,7 +36,7 @@ from ...timing import median_ms
 from ...train import Member
 from ...train.loop import start_run, synchronize
 from ...train.step import EAGER_STEPS_BEFORE_CAPTURE, TrainingStep
-from .settings import MODELS, TIERS, Tier, make_sets, model_config
+from .settings import MODELS, TIERS, Tier, make_sets, model_config, transformer_layout
 
 MODES = ("eager", "graphs", "compiled", "compiled+graphs")
 READY_WAIT_S = 900.0
@@ -249,7 +249,7 @@ def collect(args, running, rows, failed, folder: Path, start: float, command: st
                 **provenance(command, device), seconds=round(time.perf_counter() - start, 1), tier=args.tier,
                 width=args.width, members=members, chunk_size=tier.chunk_size, backend=tier.backend, amp=tier.train.amp,
                 tf32=tier.train.tf32, batch_size=tier.train.batch_size, seq_len=tier.data.seq_len,
-                modes=modes, rows=sorted(rows, key=lambda r: (models.index(r["model"]), modes.index(r["mode"]))),
+                transformer=transformer_layout(tier), modes=modes, rows=sorted(rows, key=lambda r: (models.index(r["model"]), modes.index(r["mode"]))),
                 speedup=speedups(rows), failed=failed, complete=not running,
             ))
 
