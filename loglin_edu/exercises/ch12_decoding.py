@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from ..decoding import carry_masks as package_carry_masks
-from ..fenwick import buckets
 from ..state import FenwickState, prefix_state
 from .checking import Case, Exercise, call, describe, random_qkv, tensor_cases
 
@@ -45,8 +44,9 @@ LIVE_LEVELS = Exercise(
     name="decoding.live_levels",
     chapter=12,
     signature="live_levels(tokens, levels) -> list[bool]",
-    task="After `tokens` tokens, which of the decoding state's `levels` levels hold keys? Return one bool per "
-         "level. (The reference steps a `FenwickState` through the tokens and looks.)",
+    task="After `tokens` tokens, which of the `levels` levels of a `FenwickState` (chapter 6's list state, level 0 "
+         "included; not this chapter's buffer) hold keys? Return one bool per level. (The reference steps a "
+         "`FenwickState` through the tokens and looks.)",
     solution=live_levels,
     cases=_token_counts,
     driver=lambda fn, counts, levels: {t: list(call(fn, t, levels)) for t in counts},
@@ -60,6 +60,8 @@ def prefix_levels(k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor) -> 
 
     k: ``[B, T, H, K]``, v: ``[B, T, H, V]``, log_decay: ``[B, T, H]`` -> {level: ``[B, H, K, V]``} (non-empty levels).
     """
+    from loglin_edu.fenwick import buckets  # imported here, so that the solution runs as shown
+
     later = torch.cat([log_decay[:, 1:], torch.zeros_like(log_decay[:, :1])], dim=1)  # g_{s+1}
     to_last = later.flip(1).cumsum(1).flip(1)  # G_{T-1} - G_s = Σ_{r=s+1..T-1} g_r, [B, T, H]
     weighted = k * to_last.exp()[..., None]

@@ -103,7 +103,11 @@ def counter_animation(steps: int) -> FuncAnimation:
         merged = f" and levels 1..{j}" if j else ""
         carry = f"; token {t - 1}{merged} went into level {j + 1}"
         ax.set_yscale("log", base=2)
-        ax.set_ylim(0.06, 2 * max(2, occupancy.max()))
+        top = 2 * max(2, occupancy.max())
+        ax.set_ylim(0.06, top)
+        powers = [2**i for i in range(int(top).bit_length()) if 2**i <= top]
+        ax.set_yticks(powers, [str(p) for p in powers])  # plain labels: counts of keys, no fractional ticks
+        ax.minorticks_off()
         ax.set_xticks(levels)
         ax.set_xlabel("level")
         ax.set_ylabel("keys held")
