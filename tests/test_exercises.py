@@ -30,6 +30,16 @@ def test_checker_accepts_the_solution(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_the_shown_solution_runs_on_its_own(name):
+    """The code ``show_solution`` prints — the imports it needs, then the function — defines, in an empty
+    namespace, a function the checker accepts: a reader can copy it into any page."""
+    namespace = {}
+    exec(compile(ex.solution_source(name), f"<solution of {name}>", "exec"), namespace)
+    report = ex.check(name, namespace[ex.get(name).solution.__name__])
+    assert report.passed, str(report)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_checker_rejects_each_typical_mistake(name):
     assert ex.get(name).mistakes, f"{name} has no deliberately wrong function to show that its checker can fail"
     for hint, report in mistake_reports(name):

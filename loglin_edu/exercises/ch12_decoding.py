@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..decoding import carry_masks as package_carry_masks
+from ..fenwick import buckets
 from ..state import FenwickState, prefix_state
 from .checking import Case, Exercise, call, describe, random_qkv, tensor_cases
 
@@ -60,8 +61,6 @@ def prefix_levels(k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor) -> 
 
     k: ``[B, T, H, K]``, v: ``[B, T, H, V]``, log_decay: ``[B, T, H]`` -> {level: ``[B, H, K, V]``} (non-empty levels).
     """
-    from loglin_edu.fenwick import buckets  # imported here, so that the solution runs as shown
-
     later = torch.cat([log_decay[:, 1:], torch.zeros_like(log_decay[:, :1])], dim=1)  # g_{s+1}
     to_last = later.flip(1).cumsum(1).flip(1)  # G_{T-1} - G_s = Σ_{r=s+1..T-1} g_r, [B, T, H]
     weighted = k * to_last.exp()[..., None]
