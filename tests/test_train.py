@@ -4,6 +4,7 @@ the schedule and the experiment CLI do what they say."""
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -426,14 +427,38 @@ def test_a_merge_names_the_machine_the_jobs_trained_on(tmp_path):
     assert record["trained_on"]["device"] == device_name("cpu")
     assert json.loads((tmp_path / "a" / "record.json").read_text())["trained_on"] == record["trained_on"]
     elsewhere = dict(device="NVIDIA H200", commit="abc", versions={"torch": "2.11"})
-    jobs = [{**record, "trained_on": elsewhere}, {**record, "trained_on": {**elsewhere, "commit": "def"}}]
+    jobs = [{**record, "trained_on": elsewhere}, {**record, "name": "second", "trained_on": {**elsewhere, "commit": "def"}}]
     assert training_machine(jobs) == dict(device="NVIDIA H200", versions={"torch": "2.11"})
     assert training_machine([*jobs, record | {"trained_on": None}]) == {}
     merged = results_record("cpu", TINY, jobs, device="cpu", seconds=1.0, commit=None, command="merge")
     assert merged["device"] == "NVIDIA H200" and merged["merged_on"] == device_name("cpu")
     assert merged["versions"] == {"torch": "2.11"} and merged["commit"] not in ("abc", "def")
+    assert sorted(merged["trained_commits"].values()) == ["abc", "def"]
     here = results_record("cpu", TINY, [record], device="cpu", seconds=1.0, commit=None, command="merge")
     assert here["device"] == device_name("cpu") and "merged_on" not in here
+
+
+def test_a_merge_takes_the_jobs_its_folder_lacks_from_earlier_merged_files(tmp_path):
+    """Jobs merged before (another machine, a run folder since removed) join the jobs of the run folder: the
+    folder's record wins where both have one, and the merged file equals one made from a folder holding all."""
+    from loglin_edu.experiments.mqar.jobs import job_folder
+
+    tier = replace(TINY, models=("transformer", "mamba2"))
+    for model in tier.models:
+        experiment.run_job(tier, model, 16, out_dir=job_folder(tmp_path / "all", ("gpu/mqar", model, 16)),
+                           device="cpu", progress=False)
+    everything = experiment.merge({"gpu/mqar": tier}, tmp_path / "all", device="cpu")
+    (tmp_path / "merged.json").write_text(json.dumps(everything))
+    only_mamba = tmp_path / "part"
+    shutil.copytree(job_folder(tmp_path / "all", ("gpu/mqar", "mamba2", 16)),
+                    job_folder(only_mamba, ("gpu/mqar", "mamba2", 16)))
+    alone = experiment.merge({"gpu/mqar": tier}, only_mamba, device="cpu")["tiers"]["gpu/mqar"]
+    assert [j["complete"] for j in alone["jobs"]] == [False, True] and not alone["gate"]["passed"]
+    assert alone["jobs"][0]["not_run"] and "error" not in alone["jobs"][0]
+    joined = experiment.merge({"gpu/mqar": tier}, only_mamba, device="cpu",
+                              include=[tmp_path / "merged.json"])["tiers"]["gpu/mqar"]
+    assert joined["jobs"] == everything["tiers"]["gpu/mqar"]["jobs"]
+    assert joined["best"] == everything["tiers"]["gpu/mqar"]["best"]
 
 
 def test_fixed_totals_are_written_once_and_kept(tmp_path):

@@ -4,6 +4,10 @@
     python -m loglin_edu.experiments.mqar --tier gpu --task mqar --budget-s 540 --out runs/recall   # one piece
     python -m loglin_edu.experiments.mqar --tier gpu --task mqar --merge --out runs/recall --results book/results
 
+    # jobs merged before (another machine, another day) join those of the run folder
+    python -m loglin_edu.experiments.mqar --tier gpu --task mqar --merge --out runs/recall \
+        --include book/results/recall_reproduction.json --results book/results
+
     # a fixed total longer than one call: the same command again continues every job toward it
     python -m loglin_edu.experiments.mqar --tier gpu --task mqar --steps 15000 --budget-s 540 --out runs/recall
 
@@ -99,6 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, help="gpu tier without a budget: at most this many jobs at once")
     parser.add_argument("--merge", action="store_true", help="gpu tier: merge the run folder's job results into "
                                                              f"one file, {MERGED}, in --results (or --out)")
+    parser.add_argument("--include", type=Path, action="append", default=[],
+                        help="--merge: a merged results file whose jobs count where the run folder has none (repeatable)")
     parser.add_argument("--keep", type=Path, help="--merge: a merged file whose other tiers the new file keeps "
                                                   f"(default: an existing {MERGED} at the destination)")
     parser.add_argument("--mode", choices=MODES, help="training-step mode of every job (default: the tier's)")
@@ -152,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("the gpu tier needs --out (its run folder)")
     tiers = {name: choose_tier(args, name) for name in TASKS[args.task]}
     if args.merge:
-        merged = merge(tiers, args.out, device=device, commit=args.commit, command=command)
+        merged = merge(tiers, args.out, device=device, commit=args.commit, command=command, include=args.include)
         destination = (args.results or args.out) / MERGED
         kept = args.keep or (destination if destination.exists() else None)
         if kept is not None:  # tiers merged before (another task, another machine) stay

@@ -261,10 +261,24 @@ def worker(tier: Tier, model: str, width: int, job_dir: Path, device: str, *, de
                    data_cache=job_dir.parent / "data.pt", deadline=deadline, planner=planner, stop_at=stop_at)
 
 
-def assemble(name: str, tier: Tier, out: Path) -> list[dict[str, Any]]:
-    """The records of a tier's jobs, read from their folders. A job without a results file (it never reached an
-    evaluation) gets a record with no evaluation and ``complete`` False; a job that stopped early and was not
-    stopped by its deadline (it failed, or was killed) gets the end of its ``stdout.txt`` as ``error``."""
+def included_records(name: str, paths: list[Path]) -> dict[tuple[str, int], dict[str, Any]]:
+    """The job records of tier ``name`` in merged results files (their ``tiers[name]["jobs"]``), by
+    ``(model, width)``; a job in several files is taken from the first. Files without the tier add nothing."""
+    records: dict[tuple[str, int], dict[str, Any]] = {}
+    for path in paths:
+        tier = json.loads(Path(path).read_text())["tiers"].get(name)
+        for record in (tier or {}).get("jobs", []):
+            records.setdefault((record["model_name"], record["width"]), record)
+    return records
+
+
+def assemble(name: str, tier: Tier, out: Path, include: list[Path] = ()) -> list[dict[str, Any]]:
+    """The records of a tier's jobs, read from their folders, or else from the merged results files ``include``
+    (jobs trained by an earlier run, on another machine, or whose folders are gone). A job found in neither (it
+    never reached an evaluation) gets a record with no evaluation and ``complete`` False; a job that stopped
+    early and was not stopped by its deadline (it failed, or was killed) gets the end of its ``stdout.txt`` as
+    ``error``; a job with no folder either has not been run: ``not_run`` True."""
+    earlier = included_records(name, list(include))
     records = []
     for w in tier.widths:
         for m in tier.models:
@@ -272,11 +286,17 @@ def assemble(name: str, tier: Tier, out: Path) -> list[dict[str, Any]]:
             path = folder / "record.json"
             stdout = folder / "stdout.txt"
             tail = stdout.read_text().strip().splitlines()[-1:] if stdout.exists() else []
+            if not path.exists() and (m, w) in earlier:
+                records.append(earlier[(m, w)])
+                continue
             if path.exists():
                 record = json.loads(path.read_text())
             else:
                 record = dict(name=job_name(m, w), model_name=m, width=w, members=[], history=[], final=[],
                               complete=False, steps_done=0)
+                if not folder.exists():
+                    records.append({**record, "not_run": True})
+                    continue
             if not record["complete"] and not record.get("stopped_by_deadline"):
                 record["error"] = tail[0] if tail else "stopped without output (killed?)"
             plan = folder / "plan.json"
@@ -287,12 +307,12 @@ def assemble(name: str, tier: Tier, out: Path) -> list[dict[str, Any]]:
 
 
 def merge(tiers: dict[str, Tier], out: Path, *, device: str, commit: str | None = None,
-          command: str | None = None) -> dict[str, Any]:
-    """One results file for every tier of a run folder (:func:`assemble`, then
-    :func:`~loglin_edu.experiments.mqar.report.results_record` per tier)."""
+          command: str | None = None, include: list[Path] = ()) -> dict[str, Any]:
+    """One results file for every tier of a run folder (:func:`assemble`, with the jobs of the merged files
+    ``include`` that the folder lacks, then :func:`~loglin_edu.experiments.mqar.report.results_record` per tier)."""
     results = {}
     for name, tier in tiers.items():
-        records = assemble(name, tier, out)
+        records = assemble(name, tier, out, include)
         steps = [r.get("plan", {}).get("steps") or r.get("config", {}).get("steps") for r in records]
         if any(steps):
             tier = replace(tier, train=replace(tier.train, steps=max(s for s in steps if s)))

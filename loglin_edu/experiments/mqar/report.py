@@ -102,8 +102,8 @@ def level_scales_by_level(result: dict[str, Any], model: str, width: int) -> lis
 
 def training_scale(result: dict[str, Any]) -> dict[str, Any]:
     """How much a run trained: steps done (fewest and most over jobs, and the most at each width), sequences per
-    model, the fraction of Zoology's training that is, seeds, rates, and the jobs that stopped before their
-    planned last step."""
+    model, the fraction of Zoology's training that is, seeds, rates, the jobs that stopped before their planned
+    last step, and those not run yet."""
     done = [j["steps_done"] for j in result["jobs"] if j.get("steps_done")]
     batch = result["train"]["batch_size"]
     most = max(done, default=0)
@@ -113,7 +113,9 @@ def training_scale(result: dict[str, Any]) -> dict[str, Any]:
                 sequences=most * batch,
                 zoology_sequences=ZOOLOGY_SEQUENCES, zoology_fraction=most * batch / ZOOLOGY_SEQUENCES,
                 seeds=len(result["seeds"]), lrs=result["lrs"], widths=result["widths"],
-                jobs=len(result["jobs"]), incomplete=[j["name"] for j in result["jobs"] if not j["complete"]],
+                jobs=len(result["jobs"]),
+                incomplete=[j["name"] for j in result["jobs"] if not j["complete"] and not j.get("not_run")],
+                not_run=[j["name"] for j in result["jobs"] if j.get("not_run")],
                 edge_choices=sum(r["edge"] for r in result["best"]), choices=len(result["best"]))
 
 
@@ -233,12 +235,15 @@ def results_record(name: str, tier: Tier, records: list[dict[str, Any]], *, devi
     """The results file of one tier: setup, provenance, every job's record, the chosen-rate table (``best``, with
     each job's ``complete``), the gate and the verdicts. Device, commit and versions are those the jobs trained with
     (:func:`training_machine`) where they agree, else this process's; ``merged_on`` names this machine when the
-    jobs trained on another."""
+    jobs trained on another; ``trained_commits`` names each job's commit when the jobs trained at different ones
+    (the file's ``commit`` is then the merging process's)."""
     here = {**provenance(command, device), **({"commit": commit} if commit else {})}
     trained = training_machine(records)
+    commits = {r["name"]: (r.get("trained_on") or {}).get("commit") for r in records}
     result = dict(
         tier=name, **{**here, **trained},
         **({"merged_on": here["device"]} if trained.get("device", here["device"]) != here["device"] else {}),
+        **({"trained_commits": commits} if len(set(commits.values()) - {None}) > 1 else {}),
         seconds=round(seconds, 1), data=asdict(tier.data), train=tier.train.to_dict(), seeds=list(tier.seeds),
         lrs=list(tier.lrs), models=list(tier.models), widths=list(tier.widths), backend=tier.backend,
         transformer=transformer_layout(tier), jobs=records,
