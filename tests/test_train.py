@@ -434,6 +434,10 @@ def test_a_merge_names_the_machine_the_jobs_trained_on(tmp_path):
     assert merged["device"] == "NVIDIA H200" and merged["merged_on"] == device_name("cpu")
     assert merged["versions"] == {"torch": "2.11"} and merged["commit"] not in ("abc", "def")
     assert sorted(merged["trained_commits"].values()) == ["abc", "def"]
+    not_run = dict(name="later", model_name="mamba2", width=16, members=[], history=[], final=[], complete=False,
+                   steps_done=0, not_run=True)
+    partial = results_record("cpu", TINY, [jobs[0], not_run], device="cpu", seconds=1.0, commit=None, command="merge")
+    assert partial["device"] == "NVIDIA H200" and partial["commit"] == "abc" and "trained_commits" not in partial
     here = results_record("cpu", TINY, [record], device="cpu", seconds=1.0, commit=None, command="merge")
     assert here["device"] == device_name("cpu") and "merged_on" not in here
 

@@ -234,12 +234,13 @@ def results_record(name: str, tier: Tier, records: list[dict[str, Any]], *, devi
                    commit: str | None, command: str | None) -> dict[str, Any]:
     """The results file of one tier: setup, provenance, every job's record, the chosen-rate table (``best``, with
     each job's ``complete``), the gate and the verdicts. Device, commit and versions are those the jobs trained with
-    (:func:`training_machine`) where they agree, else this process's; ``merged_on`` names this machine when the
-    jobs trained on another; ``trained_commits`` names each job's commit when the jobs trained at different ones
-    (the file's ``commit`` is then the merging process's)."""
+    (:func:`training_machine` of the jobs that ran) where they agree, else this process's; ``merged_on`` names this
+    machine when the jobs trained on another; ``trained_commits`` names each job's commit when the jobs trained at
+    different ones (the file's ``commit`` is then the merging process's)."""
     here = {**provenance(command, device), **({"commit": commit} if commit else {})}
-    trained = training_machine(records)
-    commits = {r["name"]: (r.get("trained_on") or {}).get("commit") for r in records}
+    ran = [r for r in records if not r.get("not_run")]
+    trained = training_machine(ran)
+    commits = {r["name"]: (r.get("trained_on") or {}).get("commit") for r in ran}
     result = dict(
         tier=name, **{**here, **trained},
         **({"merged_on": here["device"]} if trained.get("device", here["device"]) != here["device"] else {}),
