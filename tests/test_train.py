@@ -430,6 +430,8 @@ def test_a_merge_names_the_machine_the_jobs_trained_on(tmp_path):
     jobs = [{**record, "trained_on": elsewhere}, {**record, "name": "second", "trained_on": {**elsewhere, "commit": "def"}}]
     assert training_machine(jobs) == dict(device="NVIDIA H200", versions={"torch": "2.11"})
     assert training_machine([*jobs, record | {"trained_on": None}]) == {}
+    newer = {**elsewhere, "versions": {"torch": "2.11", "fla-core": "0.6.0"}}
+    assert training_machine([jobs[0], {**record, "trained_on": newer}])["versions"] == {"torch": "2.11"}
     merged = results_record("cpu", TINY, jobs, device="cpu", seconds=1.0, commit=None, command="merge")
     assert merged["device"] == "NVIDIA H200" and merged["merged_on"] == device_name("cpu")
     assert merged["versions"] == {"torch": "2.11"} and merged["commit"] not in ("abc", "def")

@@ -219,13 +219,20 @@ def verdicts(result: dict[str, Any]) -> list[dict[str, Any]] | None:
 
 
 def training_machine(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Where a tier's jobs trained: each of ``device``, ``commit`` and ``versions`` that every job's record names
-    alike (``trained_on``); a field some job did not record, or that two jobs disagree on, is left out."""
+    """Where a tier's jobs trained: each of ``device`` and ``commit`` that every job's record names alike
+    (``trained_on``), and of ``versions`` the libraries every job names at one version; a field some job did not
+    record, or that two jobs disagree on, is left out."""
     machines = [r.get("trained_on") or {} for r in records]
     common = {}
     for field in ("device", "commit", "versions"):
         values = [m.get(field) for m in machines]
-        if values and values[0] is not None and all(v == values[0] for v in values):
+        if not values or any(v is None for v in values):
+            continue
+        if field == "versions":
+            agreed = {name: version for name, version in values[0].items() if all(v.get(name) == version for v in values)}
+            if agreed:
+                common[field] = agreed
+        elif all(v == values[0] for v in values):
             common[field] = values[0]
     return common
 
