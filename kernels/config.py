@@ -127,6 +127,9 @@ class LaunchConfig:
         and forming ``Q Kᵀ`` and ``dO Vᵀ`` once (:func:`~.step4_tree_backward.chunk_grads_kernel`), rather than
         two kernels that each do; the node gradients then stay alive next to dq's buffers, and with
         ``grad_sums_in_kernels`` dk's per-group shares are summed in the last kernel, as dq's are.
+    node_grads_in_blocks: the gradients of the nodes inside each block of ``2^m`` chunks are formed by the program
+        that then computes dk, dv of the block's chunks (:func:`~.step4_tree_backward.block_dkdv_kernel`), one
+        program per block rather than per chunk; the node-gradient kernel keeps only the nodes above the blocks.
     """
 
     head_group: int = 1
@@ -148,11 +151,16 @@ class LaunchConfig:
     node_grad_warps: int | None = None
     grad_stages: int | None = None
     fused_grads: bool = False
+    node_grads_in_blocks: bool = False
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
-        if not isinstance(self.fused_grads, bool):
-            raise ValueError(f"fused_grads must be True or False, got {self.fused_grads!r}")
+        for name in ("fused_grads", "node_grads_in_blocks"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.fused_grads and self.node_grads_in_blocks:
+            raise ValueError("fused_grads and node_grads_in_blocks are two ways to arrange the backward's launches; "
+                             "choose one")
         for name in ("grad_warps", "node_grad_warps"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1 or value & (value - 1)):

@@ -26,6 +26,11 @@ products ``Q Kᵀ`` and ``dO Vᵀ``. With ``LaunchConfig.fused_grads`` one progr
 :func:`chunk_grads_kernel`: each gradient by the same code (:func:`dkdv_of_head`, :func:`dq_of_head` over the tiles
 of :func:`chunk_head_tiles`), so with the same roundings; the node gradients then live until dq is done.
 
+With ``LaunchConfig.node_grads_in_blocks`` launches 1 and 2 meet halfway: :func:`node_grad_kernel` sums only the
+nodes above the blocks, and one program per block of ``2^m`` chunks, :func:`block_dkdv_kernel`, forms the
+gradients of the nodes inside its block and then dk, dv of its chunks, reading those node gradients back while
+they are still in the cache, by the same code (:func:`inner_node_grads`, :func:`dkdv_chunk`).
+
 The decay's gradient, as in step 1: ``∂L/∂G_t = q_t · dq_t - k_t · dk_t`` per head, then a reverse
 cumulative sum over the sequence in fp64, by PyTorch or (``LaunchConfig.grad_sums_in_kernels``) in two
 levels: :func:`dq_kernel` sums inside its chunk, :func:`chunk_offsets_kernel` over the chunks' totals and
@@ -117,28 +122,15 @@ def reader_share(
 
 
 @triton.jit
-def node_grad_kernel(
-    q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr,
-    T, N, H, K, V, L, n_levels, n_inner, sub_h, sub_slot,
-    sqb, sqt, sqh, sdob, sdot, sdoh, slb, slt, slh,
+def inner_node_grads(
+    q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, c_first, T, N, K, V, L, n_inner, sqt, sdot, slt, tile,
     C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, M: tl.constexpr,
     IP: tl.constexpr, SPLIT_DOTS: tl.constexpr,
 ):
-    """Grid ``(H, NB, B)``. dnode: ``[B, H, N, BK, BV]`` (nodes below height M); dupper: zeroed, the nodes of
-    height >= M, slot ``(e + 1) / 2^M - 1`` of ``(b, h)`` at ``(b·H + h)·sub_h + slot·sub_slot`` (a separate
-    buffer, or dnode's block-root slots, which no lower node uses). ``n_inner = min(M, n)``."""
-    i_h, i_blk, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    bh = (i_b * H + i_h).to(tl.int64)
-    tile = tl.arange(0, BK)[:, None] * BV + tl.arange(0, BV)[None, :]
-    q_ptr += i_b.to(tl.int64) * sqb + i_h * sqh
-    do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh
-    lam_ptr += i_b.to(tl.int64) * slb + i_h * slh
-    gc_ptr += bh * N * C
-    gend_ptr += bh * N
-    dnode_ptr += bh * N * BK * BV
-    dupper_ptr += bh * sub_h
-    c_first = i_blk << M
-    for level in range(1, n_inner + 1):  # nodes inside the block: this program sees all their readers
+    """The gradients of the nodes inside the block of ``2^M`` chunks from ``c_first`` (height below ``n_inner``),
+    each the sum of its readers' shares, all of which lie in the block: stored in dnode ``[N, BK, BV]``. Pointers
+    are those of one (batch, head)."""
+    for level in range(1, n_inner + 1):
         half = 1 << (level - 1)
         for group in range(1 << (M - level)):
             e = c_first + group * 2 * half + half - 1
@@ -151,6 +143,34 @@ def node_grad_kernel(
                         acc += reader_share(q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, sqt, sdot, slt, c, level, g_e,
                                             T, K, V, L, C, C_LOG, BK, BV, IP, dnode_ptr.dtype.element_ty, SPLIT_DOTS)
                 tl.store(dnode_ptr + e.to(tl.int64) * BK * BV + tile, acc.to(dnode_ptr.dtype.element_ty))
+
+
+@triton.jit
+def node_grad_kernel(
+    q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr,
+    T, N, H, K, V, L, n_levels, n_inner, sub_h, sub_slot,
+    sqb, sqt, sqh, sdob, sdot, sdoh, slb, slt, slh,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, M: tl.constexpr,
+    IP: tl.constexpr, SPLIT_DOTS: tl.constexpr,
+):
+    """Grid ``(H, NB, B)``. dnode: ``[B, H, N, BK, BV]`` (nodes below height M); dupper: zeroed, the nodes of
+    height >= M, slot ``(e + 1) / 2^M - 1`` of ``(b, h)`` at ``(b·H + h)·sub_h + slot·sub_slot`` (a separate
+    buffer, or dnode's block-root slots, which no lower node uses). ``n_inner = min(M, n)``, or 0 to leave the
+    nodes inside the blocks to :func:`block_dkdv_kernel`."""
+    i_h, i_blk, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    bh = (i_b * H + i_h).to(tl.int64)
+    tile = tl.arange(0, BK)[:, None] * BV + tl.arange(0, BV)[None, :]
+    q_ptr += i_b.to(tl.int64) * sqb + i_h * sqh
+    do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh
+    lam_ptr += i_b.to(tl.int64) * slb + i_h * slh
+    gc_ptr += bh * N * C
+    gend_ptr += bh * N
+    dnode_ptr += bh * N * BK * BV
+    dupper_ptr += bh * sub_h
+    c_first = i_blk << M
+    # nodes inside the block: this program sees all their readers
+    inner_node_grads(q_ptr, do_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, c_first, T, N, K, V, L, n_inner, sqt, sdot,
+                     slt, tile, C, C_LOG, BK, BV, M, IP, SPLIT_DOTS)
     for level in range(M + 1, n_levels + 1):  # nodes above: this block's share, added atomically
         if ((i_blk >> (level - 1 - M)) & 1) == 1:
             e = ((i_blk >> (level - M)) << level) + (1 << (level - 1)) - 1
@@ -381,7 +401,8 @@ def dkdv_of_head(
 
 
 @triton.jit
-def dkdv_kernel(
+def dkdv_chunk(
+    i_g, i_c, i_b,
     q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr, res_ptr, do_ptr, dk_ptr, dv_ptr, kdk_ptr,
     T, N, H, K, V, L, n_levels, sub_h, sub_slot,
     sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdkb, sdkt, sdkh, sdvb, sdvt, sdvh,
@@ -389,12 +410,8 @@ def dkdv_kernel(
     M: tl.constexpr, HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
     SPLIT: tl.constexpr, SPLIT_DOTS: tl.constexpr, RESIDUAL: tl.constexpr,
 ):
-    """Grid ``(H / HG, N, B)``. dnode, dupper: as :func:`node_grad_kernel` filled them (``sub_*`` as there);
-    dk: as dq of :func:`dq_kernel` (strides ``sdk*``); dv: ``[B, T, H, V]`` (strides ``sdv*``); kdk:
-    ``[B, H, N·C]`` receives ``K̃·dK̃`` of the leaf (the chunk's own part is in qdq), and at the chunk's last
-    token the correction of its node's stored rounding (res, with RESIDUAL).
-    SPLIT as the tree kernel's; SPLIT_DOTS: fp32 node gradients of 16-bit inputs, multiplied in two parts."""
-    i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """dk, dv and ``K̃·dK̃`` of chunk ``i_c`` of batch ``i_b`` for the heads of group ``i_g``: the work of one
+    program of :func:`dkdv_kernel` (arguments as there)."""
     t = i_c * C + tl.arange(0, C)
     rk, rv = tl.arange(0, BK), tl.arange(0, BV)
     tile = rk[:, None] * BV + rv[None, :]
@@ -423,6 +440,61 @@ def dkdv_kernel(
             store_tile(dk_ptr + i_b.to(tl.int64) * sdkb + h * sdkh, sdkt, t, T, rk, K, dk)
     if SHARED:
         store_tile(dk_ptr + i_b.to(tl.int64) * sdkb + i_g * sdkh, sdkt, t, T, rk, K, dk_group)
+
+
+@triton.jit
+def dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr, res_ptr, do_ptr, dk_ptr, dv_ptr, kdk_ptr,
+    T, N, H, K, V, L, n_levels, sub_h, sub_slot,
+    sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdkb, sdkt, sdkh, sdvb, sdvt, sdvh,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    M: tl.constexpr, HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
+    SPLIT: tl.constexpr, SPLIT_DOTS: tl.constexpr, RESIDUAL: tl.constexpr,
+):
+    """Grid ``(H / HG, N, B)``. dnode, dupper: as :func:`node_grad_kernel` filled them (``sub_*`` as there);
+    dk: as dq of :func:`dq_kernel` (strides ``sdk*``); dv: ``[B, T, H, V]`` (strides ``sdv*``); kdk:
+    ``[B, H, N·C]`` receives ``K̃·dK̃`` of the leaf (the chunk's own part is in qdq), and at the chunk's last
+    token the correction of its node's stored rounding (res, with RESIDUAL).
+    SPLIT as the tree kernel's; SPLIT_DOTS: fp32 node gradients of 16-bit inputs, multiplied in two parts."""
+    i_g, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    dkdv_chunk(i_g, i_c, i_b, q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr, res_ptr,
+               do_ptr, dk_ptr, dv_ptr, kdk_ptr, T, N, H, K, V, L, n_levels, sub_h, sub_slot,
+               sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdkb, sdkt, sdkh, sdvb, sdvt, sdvh,
+               C, C_LOG, BK, BV, M, HG, SHARED, IP, SPLIT, SPLIT_DOTS, RESIDUAL)
+
+
+@triton.jit
+def block_dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr, res_ptr, do_ptr, dk_ptr, dv_ptr, kdk_ptr,
+    T, N, H, K, V, L, n_levels, n_inner, sub_h, sub_slot,
+    sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdkb, sdkt, sdkh, sdvb, sdvt, sdvh,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    M: tl.constexpr, HG: tl.constexpr, SHARED: tl.constexpr, IP: tl.constexpr,
+    SPLIT: tl.constexpr, SPLIT_DOTS: tl.constexpr, RESIDUAL: tl.constexpr,
+):
+    """Grid ``(H / HG, NB, B)``: the node gradients inside a block of ``2^M`` chunks (:func:`inner_node_grads`,
+    for each head of the group), then dk, dv of the block's chunks (:func:`dkdv_chunk`), in one program, so the
+    node gradients are read back while they are still in the cache. The nodes above the blocks come from
+    :func:`node_grad_kernel` launched with ``n_inner = 0``. Arguments as :func:`dkdv_kernel`'s, ``n_inner`` as
+    :func:`node_grad_kernel`'s."""
+    i_g, i_blk, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    tile = tl.arange(0, BK)[:, None] * BV + tl.arange(0, BV)[None, :]
+    c_first = i_blk << M
+    for hh in range(HG):
+        h = i_g * HG + hh
+        bh = (i_b * H + h).to(tl.int64)
+        inner_node_grads(q_ptr + i_b.to(tl.int64) * sqb + h * sqh, do_ptr + i_b.to(tl.int64) * sdob + h * sdoh,
+                         lam_ptr + i_b.to(tl.int64) * slb + h * slh, gc_ptr + bh * N * C, gend_ptr + bh * N,
+                         dnode_ptr + bh * N * BK * BV, c_first, T, N, K, V, L, n_inner, sqt, sdot, slt, tile,
+                         C, C_LOG, BK, BV, M, IP, SPLIT_DOTS)
+    tl.debug_barrier()  # the block's node gradients, stored by every thread, are read by every thread below
+    for j in range(1 << M):
+        i_c = c_first + j
+        if i_c < N:
+            dkdv_chunk(i_g, i_c, i_b, q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr, res_ptr,
+                       do_ptr, dk_ptr, dv_ptr, kdk_ptr, T, N, H, K, V, L, n_levels, sub_h, sub_slot,
+                       sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh,
+                       sdkb, sdkt, sdkh, sdvb, sdvt, sdvh, C, C_LOG, BK, BV, M, HG, SHARED, IP, SPLIT, SPLIT_DOTS, RESIDUAL)
 
 
 @triton.jit
@@ -545,14 +617,17 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: in
     split_dots = q.dtype in (torch.float16, torch.bfloat16) and d_nodes.dtype == torch.float32
     d_upper = upper_node_grads(d_nodes, M, n_levels, acc)
     sqh = 0 if shared else q.stride(2)
-    node_grad_kernel[(H, NB, B)](
-        q, do, level_scales, gc, gend, d_nodes, d_upper, T, N, H, K, V, L, n_levels, min(M, n_levels),
-        d_upper.stride(1), d_upper.stride(2),
-        q.stride(0), q.stride(1), sqh, do.stride(0), do.stride(1), do.stride(2),
-        level_scales.stride(0), level_scales.stride(1), level_scales.stride(2),
-        C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=BK, BV=BV, M=M, IP=dot_precision(q.dtype, config.precision),
-        SPLIT_DOTS=split_dots, **config.grad_launch(node_grads=True),
-    )
+    in_blocks = config.node_grads_in_blocks  # the nodes inside the blocks by block_dkdv_kernel
+    n_inner = min(M, n_levels)
+    if not in_blocks or n_levels > M:
+        node_grad_kernel[(H, NB, B)](
+            q, do, level_scales, gc, gend, d_nodes, d_upper, T, N, H, K, V, L, n_levels, 0 if in_blocks else n_inner,
+            d_upper.stride(1), d_upper.stride(2),
+            q.stride(0), q.stride(1), sqh, do.stride(0), do.stride(1), do.stride(2),
+            level_scales.stride(0), level_scales.stride(1), level_scales.stride(2),
+            C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=BK, BV=BV, M=M,
+            IP=dot_precision(q.dtype, config.precision), SPLIT_DOTS=split_dots, **config.grad_launch(node_grads=True),
+        )
     common = dict(C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=BK, BV=BV, HG=HG, SHARED=shared,
                   IP=dot_precision(q.dtype, config.precision), **config.grad_launch())
     input_strides = (q.stride(0), q.stride(1), sqh, v.stride(0), v.stride(1), v.stride(2),
@@ -568,7 +643,13 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: in
     node_grads = (d_nodes, d_upper, residuals if residuals.numel() else nodes)
     upper_strides = (d_upper.stride(1), d_upper.stride(2))
     leaf = dict(M=M, SPLIT=split_leaf(q.dtype, config.precision), SPLIT_DOTS=split_dots, RESIDUAL=residuals.numel() > 0)
-    if not fused:
+    if in_blocks:
+        block_dkdv_kernel[(H // HG, NB, B)](
+            q, k, v, level_scales, gc, gend, *node_grads, do, dk, dv, kdk, T, N, H, K, V, L, n_levels, n_inner,
+            *upper_strides, *input_strides, dk.stride(0), dk.stride(1), dk.stride(2),
+            dv.stride(0), dv.stride(1), dv.stride(2), **leaf, **common,
+        )
+    elif not fused:
         dkdv_kernel[(H // HG, N, B)](
             q, k, v, level_scales, gc, gend, *node_grads, do, dk, dv, kdk, T, N, H, K, V, L, n_levels, *upper_strides,
             *input_strides, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),

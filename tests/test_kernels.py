@@ -110,16 +110,22 @@ def test_step3_forward_matches_chunkwise(B, T, H, Hk, K, V, C, config):
 # --- steps 4-5: the backward and the autograd Function -----------------------------------------------
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["two-kernels", "fused-grads"])
+ARRANGEMENTS = {  # how the backward's launches are arranged: each computes the same gradients
+    "two-kernels": {}, "fused-grads": dict(fused_grads=True), "node-grads-in-blocks": dict(node_grads_in_blocks=True),
+}
+
+
+@pytest.mark.parametrize("arrangement", ARRANGEMENTS)
 @pytest.mark.parametrize("B, T, H, Hk, K, V, C, config", SHAPES, ids=IDS)
-def test_forward_and_every_gradient_match_float64(B, T, H, Hk, K, V, C, config, fused):
-    """o and every gradient against float64, the per-chunk gradients by two kernels (dk, dv; dq, dλ) or by one
-    (``fused_grads``)."""
-    config = replace(config, fused_grads=fused)
+def test_forward_and_every_gradient_match_float64(B, T, H, Hk, K, V, C, config, arrangement):
+    """o and every gradient against float64, the per-chunk gradients by two kernels (dk, dv; dq, dλ), by one
+    (``fused_grads``), or with the node gradients inside the blocks formed by dk, dv's programs
+    (``node_grads_in_blocks``)."""
+    config = replace(config, **ARRANGEMENTS[arrangement])
     check_against_float64(
         lambda *a: kernels.loglinear_mamba2(*a, chunk_size=C, config=config),
         lambda *a: le.loglinear_attention(*a, form="naive"),
-        inputs(B, T, H, Hk, K, V, seed=T + 1), rtol=2e-6, what=f"T={T}, fused_grads={fused}",
+        inputs(B, T, H, Hk, K, V, seed=T + 1), rtol=2e-6, what=f"T={T}, {arrangement}",
     )
 
 
@@ -141,18 +147,18 @@ def test_level_scales_of_any_width_match_float64(extra_columns):
     assert not grads[3][..., levels:].any(), "dλ written in a column no pair uses"
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["two-kernels", "fused-grads"])
+@pytest.mark.parametrize("arrangement", ARRANGEMENTS)
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_16_bit_inputs_match_float64_of_the_same_rounded_inputs(precision, fused):
+def test_16_bit_inputs_match_float64_of_the_same_rounded_inputs(precision, arrangement):
     """fp16 through the whole autograd Function at every rung of the precision ladder (split leaf, fp32
-    states, tf32x3 products), the per-chunk gradients by two kernels or by one (``fused_grads``): every output
+    states, tf32x3 products), the backward's launches arranged each way (:data:`ARRANGEMENTS`): every output
     within fp16's rounding of float64 on the same fp16 inputs."""
     from loglin_edu.bench.accuracy import accuracy
 
     result = accuracy((1, 300, 2, 1, 20, 24), torch.float16, torch.device(DEVICE),
-                      config=LaunchConfig(block_levels=2, precision=precision, fused_grads=fused))
+                      config=LaunchConfig(block_levels=2, precision=precision, **ARRANGEMENTS[arrangement]))
     bad = {name: e for name, e in result["errors"].items() if not e <= 2e-3}
-    assert not bad, f"precision={precision}, fused_grads={fused}: {bad}"
+    assert not bad, f"precision={precision}, {arrangement}: {bad}"
 
 
 @pytest.mark.parametrize("precision, in_kernels", [("fast", False), ("split", True)])
@@ -437,6 +443,8 @@ def test_launch_knobs_are_checked():
         LaunchConfig(grad_stages=0)
     with pytest.raises(ValueError, match="fused_grads must be True or False, got 1"):
         LaunchConfig(fused_grads=1)
+    with pytest.raises(ValueError, match="choose one"):
+        LaunchConfig(fused_grads=True, node_grads_in_blocks=True)
     assert LaunchConfig(num_warps=4, tree_warps=2).grad_launch() == {"num_warps": 4}
     assert LaunchConfig(tree_warps=2, grad_stages=1).grad_launch(node_grads=True) == {"num_warps": 2, "num_stages": 1}
     assert LaunchConfig(grad_warps=8, node_grad_warps=16).grad_launch(node_grads=True)["num_warps"] == 16
