@@ -655,6 +655,7 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: in
             *input_strides, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
             **leaf, **common,
         )
+    if not fused:
         del d_nodes, d_upper, node_grads  # dq reads the forward's nodes, not their gradients
     summed = shared and groups > 1  # shares to sum over the head groups
     dk_shares = dk

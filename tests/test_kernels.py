@@ -227,12 +227,13 @@ def test_peak_counts_the_storages_alive_at_once():
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="counts the interpreter's allocations")
-def test_backward_holds_the_node_gradients_next_to_one_head_share_at_most():
+@pytest.mark.parametrize("in_blocks", [False, True], ids=["node-grad-kernel", "node-grads-in-blocks"])
+def test_backward_holds_the_node_gradients_next_to_one_head_share_at_most(in_blocks):
     """The backward's largest moment: the fp32 node gradients (those above the blocks in their own block-root
     slots, no second buffer), dk's per-head shares, dv and k·dk. dq's shares and dλ come after the node gradients
-    are freed."""
+    are freed, whichever kernel formed them."""
     B, T, H, K, V, C = 1, 128, 2, 16, 32, 16
-    config = LaunchConfig(block_levels=2)  # 8 chunks: 3 levels, one above the blocks of 4
+    config = LaunchConfig(block_levels=2, node_grads_in_blocks=in_blocks)  # 8 chunks: 3 levels, one above the blocks
     q, k, v, lam, g = (x.float() for x in inputs(B, T, H, 1, K, V))
     gc, gend = chunk_decay(g, B, T, H, C, q.device)
     _, tree = loglinear_forward(q, k, v, lam, gc, gend, C, config)
