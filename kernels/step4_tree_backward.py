@@ -493,8 +493,8 @@ def block_dkdv_kernel(
         if i_c < N:
             dkdv_chunk(i_g, i_c, i_b, q_ptr, k_ptr, v_ptr, lam_ptr, gc_ptr, gend_ptr, dnode_ptr, dupper_ptr, res_ptr,
                        do_ptr, dk_ptr, dv_ptr, kdk_ptr, T, N, H, K, V, L, n_levels, sub_h, sub_slot,
-                       sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh,
-                       sdkb, sdkt, sdkh, sdvb, sdvt, sdvh, C, C_LOG, BK, BV, M, HG, SHARED, IP, SPLIT, SPLIT_DOTS, RESIDUAL)
+                       sqb, sqt, sqh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, sdkb, sdkt, sdkh,
+                       sdvb, sdvt, sdvh, C, C_LOG, BK, BV, M, HG, SHARED, IP, SPLIT, SPLIT_DOTS, RESIDUAL)
 
 
 @triton.jit

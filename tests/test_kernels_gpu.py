@@ -87,7 +87,8 @@ VARIANTS = {  # launch variants of LaunchConfig, each the default's function
     "fused-grads": dict(fused_grads=True),
     "fused-grads-sums-in-kernels": dict(fused_grads=True, grad_sums_in_kernels=True, grad_head_group=2),
     "node-grads-in-blocks": dict(node_grads_in_blocks=True),
-    "node-grads-in-blocks-sums-in-kernels": dict(node_grads_in_blocks=True, grad_sums_in_kernels=True, grad_head_group=2),
+    "node-grads-in-blocks-sums-in-kernels": dict(node_grads_in_blocks=True, grad_sums_in_kernels=True,
+                                                 grad_head_group=2),
 }
 VARIANT_CASES = [
     ((3, 333, 3, 1, 40, 24), torch.bfloat16),

@@ -427,7 +427,8 @@ def test_a_merge_names_the_machine_the_jobs_trained_on(tmp_path):
     assert record["trained_on"]["device"] == device_name("cpu")
     assert json.loads((tmp_path / "a" / "record.json").read_text())["trained_on"] == record["trained_on"]
     elsewhere = dict(device="NVIDIA H200", commit="abc", versions={"torch": "2.11"})
-    jobs = [{**record, "trained_on": elsewhere}, {**record, "name": "second", "trained_on": {**elsewhere, "commit": "def"}}]
+    jobs = [{**record, "trained_on": elsewhere},
+            {**record, "name": "second", "trained_on": {**elsewhere, "commit": "def"}}]
     assert training_machine(jobs) == dict(device="NVIDIA H200", versions={"torch": "2.11"})
     assert training_machine([*jobs, record | {"trained_on": None}]) == {}
     newer = {**elsewhere, "versions": {"torch": "2.11", "fla-core": "0.6.0"}}
@@ -461,10 +462,16 @@ def test_a_merge_takes_the_jobs_its_folder_lacks_from_earlier_merged_files(tmp_p
     alone = experiment.merge({"gpu/mqar": tier}, only_mamba, device="cpu")["tiers"]["gpu/mqar"]
     assert [j["complete"] for j in alone["jobs"]] == [False, True] and not alone["gate"]["passed"]
     assert alone["jobs"][0]["not_run"] and "error" not in alone["jobs"][0]
+    assert experiment.training_scale(alone)["incomplete"] == []  # not started is not stopped early
     joined = experiment.merge({"gpu/mqar": tier}, only_mamba, device="cpu",
                               include=[tmp_path / "merged.json"])["tiers"]["gpu/mqar"]
     assert joined["jobs"] == everything["tiers"]["gpu/mqar"]["jobs"]
     assert joined["best"] == everything["tiers"]["gpu/mqar"]["best"]
+    record = job_folder(only_mamba, ("gpu/mqar", "mamba2", 16)) / "record.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "seconds": 123.0}))
+    again = experiment.merge({"gpu/mqar": tier}, only_mamba, device="cpu",
+                             include=[tmp_path / "merged.json"])["tiers"]["gpu/mqar"]
+    assert [j["seconds"] for j in again["jobs"]] == [everything["tiers"]["gpu/mqar"]["jobs"][0]["seconds"], 123.0]
 
 
 def test_fixed_totals_are_written_once_and_kept(tmp_path):

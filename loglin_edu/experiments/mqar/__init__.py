@@ -61,7 +61,8 @@ from .settings import (
 )
 
 __all__ = [
-    "CONTRADICTED", "NOT_AT_SCALE", "SAME", "ABLATION", "LABELS", "MODELS", "PAPER_MQAR", "PAPER_MQAR_AT_LEAST", "TIERS", "ZOOLOGY_LRS", "ZOOLOGY_SEQUENCES",
+    "CONTRADICTED", "NOT_AT_SCALE", "SAME",
+    "ABLATION", "LABELS", "MODELS", "PAPER_MQAR", "PAPER_MQAR_AT_LEAST", "TIERS", "ZOOLOGY_LRS", "ZOOLOGY_SEQUENCES",
     "TaskSpec", "Tier", "assemble", "merge", "run_piece", "level_scales_by_level", "training_scale", "validation_curve",
     "base_model", "best_by_cell", "describe_transformer", "cell_accuracies", "cell_summary", "claims", "compare", "make_sets", "mixer_options",
     "model_config", "results_record", "run_job", "run_tier", "state_size", "summary_table",

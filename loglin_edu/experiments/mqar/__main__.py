@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--merge", action="store_true", help="gpu tier: merge the run folder's job results into "
                                                              f"one file, {MERGED}, in --results (or --out)")
     parser.add_argument("--include", type=Path, action="append", default=[],
-                        help="--merge: a merged results file whose jobs count where the run folder has none (repeatable)")
+                        help="--merge: a merged results file whose jobs count where the run folder has none "
+                             "(repeatable)")
     parser.add_argument("--keep", type=Path, help="--merge: a merged file whose other tiers the new file keeps "
                                                   f"(default: an existing {MERGED} at the destination)")
     parser.add_argument("--mode", choices=MODES, help="training-step mode of every job (default: the tier's)")

@@ -102,8 +102,8 @@ def level_scales_by_level(result: dict[str, Any], model: str, width: int) -> lis
 
 def training_scale(result: dict[str, Any]) -> dict[str, Any]:
     """How much a run trained: steps done (fewest and most over jobs, and the most at each width), sequences per
-    model, the fraction of Zoology's training that is, seeds, rates, the jobs that stopped before their planned
-    last step, and those not run yet."""
+    model, the fraction of Zoology's training that is, seeds, rates, and the jobs that stopped before their
+    planned last step (not those never started)."""
     done = [j["steps_done"] for j in result["jobs"] if j.get("steps_done")]
     batch = result["train"]["batch_size"]
     most = max(done, default=0)
@@ -115,7 +115,6 @@ def training_scale(result: dict[str, Any]) -> dict[str, Any]:
                 seeds=len(result["seeds"]), lrs=result["lrs"], widths=result["widths"],
                 jobs=len(result["jobs"]),
                 incomplete=[j["name"] for j in result["jobs"] if not j["complete"] and not j.get("not_run")],
-                not_run=[j["name"] for j in result["jobs"] if j.get("not_run")],
                 edge_choices=sum(r["edge"] for r in result["best"]), choices=len(result["best"]))
 
 
@@ -229,7 +228,8 @@ def training_machine(records: list[dict[str, Any]]) -> dict[str, Any]:
         if not values or any(v is None for v in values):
             continue
         if field == "versions":
-            agreed = {name: version for name, version in values[0].items() if all(v.get(name) == version for v in values)}
+            agreed = {name: version for name, version in values[0].items()
+                      if all(v.get(name) == version for v in values)}
             if agreed:
                 common[field] = agreed
         elif all(v == values[0] for v in values):
