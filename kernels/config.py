@@ -294,7 +294,10 @@ class DeltaLaunchConfig:
     walk_warps: of the level walks (forward and backward); grad_warps: of the level gradients;
     num_stages: software-pipelining stages of every loop (1: none; more prefetch the next chunk's factors but need
     shared memory for each stage);
-    precision: a rung of :data:`DELTA_PRECISIONS` for fp16/bf16 calls.
+    precision: a rung of :data:`DELTA_PRECISIONS` for fp16/bf16 calls;
+    gram_grads: the level gradients of the chunk factors through one ``K × K`` product per chunk,
+        ``G = Σ_ℓ D_ℓ S_ℓᵀ`` (step 8's ``level_gram_kernel``); ``False``: level by level (``level_write_grad_kernel``
+        and ``level_transition_grad_kernel``).
     """
 
     key_tile: int = MAX_BLOCK
@@ -306,6 +309,7 @@ class DeltaLaunchConfig:
     grad_warps: int = 8
     num_stages: int = 1
     precision: str = "fast"
+    gram_grads: bool = True
 
     def __post_init__(self) -> None:
         if self.precision not in DELTA_PRECISIONS:

@@ -16,13 +16,18 @@ the right half, where they are read: ``X_{c,ℓ} = S``, ``o += diag(λ_ℓ) quer
        dW -= (K̃ D) Sᵀ,    dK̃ += (u - W S) Dᵀ,    dU₀ += K̃ D  (left halves),    dγ_C += <D, S>
        dquery += diag(λ_ℓ) dO Xᵀ,    dλ[:, c0 + ℓ] = rowsum(dO ⊙ query X)           (set bits)
 
-   summed over the levels and value tiles in registers, except dλ: each read's column is stored per value tile
-   and summed once the tiles are done, so that λ and dλ go one ``[C]`` column per level (no tile of all the
-   levels, whose width would grow with ``T``). One launch per kind of output, each program holding
-   one ``[C, K]`` accumulator over all of K: :func:`level_write_grad_kernel` (dW, dU₀),
-   :func:`level_transition_grad_kernel` (dK̃, dγ_C), :func:`level_read_grad_kernel` (dquery, dλ). Each product
-   is computed once, and no program holds the live tiles of all three (a single kernel for every output spills
-   registers at ``K = 192``, ``V = 384``; these three do not).
+   The first four are summed over the levels before any product with the chunk's factors: with
+   ``G = Σ_ℓ D_ℓ S_ℓᵀ`` (``K × K``) and ``D_left = Σ_{left halves} D_ℓ``,
+
+       dW = -K̃ G,    dK̃ = U₀ D_leftᵀ - W Gᵀ,    dU₀ = K̃ D_left,    dγ_C = trace G
+
+   and since ``Z`` is a running sum, ``G = Σ_{a read} (D_a + Σ_{ℓ > a, left} D_ℓ) X_aᵀ``: ``popcount(c)``
+   products of a ``[K, V]`` pair per chunk, however many levels pass through it (:func:`level_gram_kernel`, in
+   ``K × K`` blocks of 64, then :func:`level_gram_grads_kernel`). The reads need one product each,
+   ``M = dO Xᵀ`` (``[C, K]``), for both of theirs: ``dquery += diag(λ_ℓ) M`` and ``dλ = rowsum(query ⊙ M)``
+   (:func:`level_read_grad_kernel`). ``DeltaLaunchConfig(gram_grads=False)`` forms the first four level by
+   level instead, one launch per kind of output (:func:`level_write_grad_kernel`: dW, dU₀;
+   :func:`level_transition_grad_kernel`: dK̃, dγ_C), each program holding one ``[C, K]`` accumulator over all of K.
 3. the WY backward, per chunk, through the WY form of step 6 to ``q, k, v, β`` and the within-chunk cumulative
    decay, plus the intra-chunk product ``(P ⊙ Λ) V`` (``dv``, and ``dλ`` at levels ``0..log2 C``). With
    ``R = T_β`` and ``Γ``, ``γ`` as in step 6:
@@ -39,11 +44,12 @@ the right half, where they are read: ``X_{c,ℓ} = S``, ``o += diag(λ_ℓ) quer
    quantities inside one chunk (``Γ``, ``γ``, ``γ_C``), so ``d log_decay`` is a reverse cumulative sum within
    each chunk: no error carried across the sequence.
 
-Memory: the adjoints are ``N · n`` blocks of ``K × V`` per head (fp32), alive during the backward only; the WY
-backward hands two ``C × C`` pairs per chunk from launch to launch; the shares of dλ are one ``[C]`` column per
-read and value tile.
-Work: the reverse walks cost what the forward walks cost; the level gradients four ``[C, K] × [K, V]``-sized
-products per chunk and level and two more per read.
+Memory: the adjoints are ``N · n`` blocks of ``K × V`` per head (fp32), alive during the backward only, then
+``G`` and ``D_left`` (one ``K × K`` and one ``K × V`` block per chunk); the WY backward hands two ``C × C`` pairs
+per chunk from launch to launch.
+Work: the reverse walks cost what the forward walks cost; the level gradients one ``[K, V] × [V, K]`` product
+per chunk and read, four ``[C, K] × [K, K or V]`` products per chunk, and one ``[C, V] × [V, K]`` product per
+read (level by level: four ``[C, K] × [K, V]``-sized products per chunk and level).
 """
 
 from __future__ import annotations
@@ -288,68 +294,175 @@ def level_transition_grad_kernel(
 
 
 @triton.jit
+def level_gram_kernel(
+    d_ptr, x_ptr, first_ptr, gram_ptr, dleft_ptr, dgamma_ptr, N, n_levels, NX,
+    KP: tl.constexpr, GK: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr, IP: tl.constexpr,
+):
+    """Grid ``((KP / GK)², N, B·H)``: block ``(i, j)`` of chunk ``i_c``'s ``G = Σ_ℓ D_ℓ S_ℓᵀ`` (``[KP, KP]``, key
+    rows of ``D`` by key rows of ``S``), summed over the levels whose walk passes through the chunk.
+
+    The state entering a left-half chunk is the running sum of the lower read states, ``Z_ℓ = Σ_{a < ℓ, read}
+    X_a``, so each read state meets its own adjoint plus every left-half adjoint above it:
+
+        G = Σ_{a read} (D_a + Σ_{ℓ > a, left} D_ℓ) X_aᵀ,      D_left = Σ_{ℓ left} D_ℓ
+
+    — the levels walked from the top down, one running sum of adjoints and ``popcount(i_c)`` products per value
+    tile. The programs of column block ``j = 0`` store their rows of ``D_left`` (``[B, H, N, KP, VP]``); those of
+    the diagonal, ``Σ <D_ℓ, S_ℓ>`` over their rows (the trace of their block, summed exactly, not by a product) in
+    dgamma ``[B, H, N, KP / GK]``. d, x as :func:`level_write_grad_kernel`'s; gram: ``[B, H, N, KP, KP]``."""
+    i_t, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    NT = KP // GK
+    t_i, t_j = i_t // NT, i_t % NT
+    ri, rj = t_i * GK + tl.arange(0, GK), t_j * GK + tl.arange(0, GK)
+    chunk = i_bh.to(tl.int64) * N + i_c
+    d_ptr += chunk * n_levels * KP * VP  # the chunk's adjoints, [n_levels, KP, VP]
+    x_ptr += i_bh.to(tl.int64) * NX * KP * VP
+    last_slot = tl.load(first_ptr + i_c + 1) - 1
+    gram = tl.zeros((GK, GK), dtype=d_ptr.dtype.element_ty)
+    d_gamma = tl.sum(tl.zeros((GK,), dtype=d_ptr.dtype.element_ty), 0)
+    for i_v in range(VP // BV):
+        rv = i_v * BV + tl.arange(0, BV)
+        left = tl.zeros((GK, BV), dtype=d_ptr.dtype.element_ty)
+        slot = last_slot
+        for step in range(n_levels):
+            level = n_levels - step
+            if ((i_c >> level) << level) + (1 << (level - 1)) < N:  # this level's walk passes through chunk i_c
+                d = tl.load(d_ptr + (level - 1) * KP * VP + ri[:, None] * VP + rv[None, :])
+                if ((i_c >> (level - 1)) & 1) == 1:
+                    r = d + left
+                    x = tl.load(x_ptr + slot.to(tl.int64) * KP * VP + rj[:, None] * VP + rv[None, :])
+                    gram += tl.dot(r, tl.trans(x), input_precision=IP)
+                    if t_i == t_j:  # then rj = ri
+                        d_gamma += tl.sum(tl.sum(r * x, 1), 0)
+                    slot -= 1
+                else:
+                    left += d
+        if t_j == 0:
+            tl.store(dleft_ptr + chunk * KP * VP + ri[:, None] * VP + rv[None, :], left)
+    tl.store(gram_ptr + chunk * KP * KP + ri[:, None] * KP + rj[None, :], gram)
+    if t_i == t_j:
+        tl.store(dgamma_ptr + chunk * NT + t_i, d_gamma)
+
+
+@triton.jit
+def gram_block(gram_ptr, rows, cols, KP):
+    """``G[rows, cols]`` of one chunk's ``[KP, KP]`` block."""
+    return tl.load(gram_ptr + rows[:, None] * KP + cols[None, :])
+
+
+@triton.jit
+def level_gram_grads_kernel(
+    k_ptr, w_ptr, u_ptr, gc_ptr, gram_ptr, dleft_ptr, dgamma_part_ptr, dw_ptr, du_ptr, dkt_ptr, dgamma_ptr,
+    T, N, H, K, skb, skt, skh,
+    C: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr, NT: tl.constexpr,
+    IP: tl.constexpr,
+):
+    """Grid ``(N, B·H)``. Chunk ``i_c``'s level gradients from its ``G`` and ``D_left`` (:func:`level_gram_kernel`):
+
+        dW = -K̃ G,    dK̃ = U₀ D_leftᵀ - W Gᵀ,    dU₀ = K̃ D_left,    dγ_C = trace G
+
+    (``Σ_ℓ -(K̃ D_ℓ) S_ℓᵀ`` and ``Σ_ℓ (u_ℓ - W S_ℓ) D_ℓᵀ`` regrouped: ``u_ℓ = U₀`` in left halves only). k, w,
+    u, gc as the walks'; writes dw, dkt ``[B, H, N·C, BK1 + BK2]``, du ``[B, H, N·C, VP]``, dgamma ``[B, H, N]``."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    KP = BK1 + BK2
+    chunk = i_bh.to(tl.int64) * N + i_c
+    row0 = chunk * C
+    gram_ptr += chunk * KP * KP
+    dleft_ptr += chunk * KP * VP
+    k_ptr += (i_bh // H).to(tl.int64) * skb + (i_bh % H) * skh
+    rc, r1 = tl.arange(0, C), tl.arange(0, BK1)
+    t = i_c * C + rc
+    gc = tl.load(gc_ptr + row0 + rc)
+    ratio = tl.exp(tl.load(gc_ptr + row0 + C - 1) - gc)
+    kt1 = load_tile(k_ptr, skt, t, T, r1, K).to(gc.dtype) * ratio[:, None]
+    w1 = load_rows(w_ptr + row0 * KP, KP, rc, r1)
+    d_w1 = -tl.dot(kt1, gram_block(gram_ptr, r1, r1, KP), input_precision=IP)
+    d_kt1 = -tl.dot(w1, tl.trans(gram_block(gram_ptr, r1, r1, KP)), input_precision=IP)
+    if BK2 > 0:
+        r2 = BK1 + tl.arange(0, BK2)
+        kt2 = load_tile(k_ptr, skt, t, T, r2, K).to(gc.dtype) * ratio[:, None]
+        w2 = load_rows(w_ptr + row0 * KP, KP, rc, r2)
+        d_w1 -= tl.dot(kt2, gram_block(gram_ptr, r2, r1, KP), input_precision=IP)
+        d_w2 = -tl.dot(kt1, gram_block(gram_ptr, r1, r2, KP), input_precision=IP)
+        d_w2 -= tl.dot(kt2, gram_block(gram_ptr, r2, r2, KP), input_precision=IP)
+        d_kt1 -= tl.dot(w2, tl.trans(gram_block(gram_ptr, r1, r2, KP)), input_precision=IP)
+        d_kt2 = -tl.dot(w1, tl.trans(gram_block(gram_ptr, r2, r1, KP)), input_precision=IP)
+        d_kt2 -= tl.dot(w2, tl.trans(gram_block(gram_ptr, r2, r2, KP)), input_precision=IP)
+    for i_v in range(VP // BV):
+        rv = i_v * BV + tl.arange(0, BV)
+        u = load_rows(u_ptr + row0 * VP, VP, rc, rv)
+        left1 = tl.load(dleft_ptr + r1[:, None] * VP + rv[None, :])
+        d_kt1 += tl.dot(u, tl.trans(left1), input_precision=IP)
+        d_u = tl.dot(kt1, left1, input_precision=IP)
+        if BK2 > 0:
+            left2 = tl.load(dleft_ptr + r2[:, None] * VP + rv[None, :])
+            d_kt2 += tl.dot(u, tl.trans(left2), input_precision=IP)
+            d_u += tl.dot(kt2, left2, input_precision=IP)
+        store_rows(du_ptr + row0 * VP, VP, rc, rv, d_u)
+    store_rows(dw_ptr + row0 * KP, KP, rc, r1, d_w1)
+    store_rows(dkt_ptr + row0 * KP, KP, rc, r1, d_kt1)
+    if BK2 > 0:
+        store_rows(dw_ptr + row0 * KP, KP, rc, r2, d_w2)
+        store_rows(dkt_ptr + row0 * KP, KP, rc, r2, d_kt2)
+    d_gamma = tl.load(dgamma_part_ptr + chunk * NT)
+    for part in range(1, NT):
+        d_gamma += tl.load(dgamma_part_ptr + chunk * NT + part)
+    tl.store(dgamma_ptr + chunk, d_gamma)
+
+
+@triton.jit
 def level_read_grad_kernel(
-    query_ptr, lam_ptr, do_ptr, x_ptr, first_ptr, dquery_ptr, dread_ptr, dlam_ptr, T, N, H, V, L, n_levels, NX,
+    query_ptr, lam_ptr, do_ptr, x_ptr, first_ptr, dquery_ptr, dlam_ptr, T, N, H, V, L, n_levels, NX,
     slb, slt, slh, sdob, sdot, sdoh, sdlb, sdlt, sdlh,
     C: tl.constexpr, C_LOG: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr,
     VP: tl.constexpr, IP: tl.constexpr,
 ):
     """Grid ``(N, B·H)``. The gradients of chunk ``i_c``'s reads ``o += diag(λ_ℓ) query X_ℓ`` (bit ``ℓ - 1`` of
-    ``i_c`` set):
+    ``i_c`` set), through one product per read, ``M_ℓ = dO X_ℓᵀ`` (``[C, K]``, summed over the value tiles):
 
-        dquery = Σ_ℓ diag(λ_ℓ) dO X_ℓᵀ,    dλ[:, c0 + ℓ] = rowsum(dO ⊙ query X_ℓ)
+        dquery = Σ_ℓ diag(λ_ℓ) M_ℓ,    dλ[:, c0 + ℓ] = rowsum(query ⊙ M_ℓ)    (= rowsum(dO ⊙ query X_ℓ))
 
     lam: [B, T, H, L]; do: [B, T, H, V]; x as :func:`level_write_grad_kernel`'s; writes dquery
-    ``[B, H, N·C, BK1 + BK2]`` (fp32) and the columns of dlam (``[B, T, H, L]``, zeroed) of the levels
-    read. λ is read and dλ written one ``[C]`` column per level; dread (``[B, H, NX, VP / BV, C]``, fp32)
-    holds each read's share of dλ per value tile, summed in tile order once every tile is done."""
+    ``[B, H, N·C, BK1 + BK2]`` (fp32) and the columns of dlam (``[B, T, H, L]``, zeroed) of the levels read, one
+    ``[C]`` column per level (no tile of all the levels, whose width would grow with ``T``)."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     KP = BK1 + BK2
-    NV = VP // BV
     row0, x_ptr, first = chunk_rows(x_ptr, first_ptr, i_c, i_bh, N, NX, C, KP, VP)
     lam_ptr += i_b.to(tl.int64) * slb + i_h * slh
     do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh
     dlam_ptr += i_b.to(tl.int64) * sdlb + i_h * sdlh
-    dread_ptr += i_bh.to(tl.int64) * NX * NV * C
     rc, r1 = tl.arange(0, C), tl.arange(0, BK1)
     t = i_c * C + rc
-    query1 = load_rows(query_ptr + row0 * KP, KP, rc, r1)
-    d_query1 = tl.zeros((C, BK1), dtype=query1.dtype)
+    acc = dquery_ptr.dtype.element_ty
+    d_query1 = tl.zeros((C, BK1), dtype=acc)
     if BK2 > 0:
         r2 = BK1 + tl.arange(0, BK2)
-        query2 = load_rows(query_ptr + row0 * KP, KP, rc, r2)
-        d_query2 = tl.zeros((C, BK2), dtype=query1.dtype)
-    for i_v in range(NV):
-        rv = i_v * BV + tl.arange(0, BV)
-        do = load_tile(do_ptr, sdot, t, T, rv, V).to(query1.dtype)
-        slot = first
-        for level in range(1, n_levels + 1):
-            if ((i_c >> (level - 1)) & 1) == 1:
-                states = x_ptr + slot.to(tl.int64) * KP * VP
-                lam_level = load_level_column(lam_ptr, slt, t, T, L, C_LOG + level, query1.dtype)[:, None]
-                x1 = tl.load(states + r1[:, None] * VP + rv[None, :])
-                x_read = tl.dot(query1, x1, input_precision=IP)
-                d_query1 += lam_level * tl.dot(do, tl.trans(x1), input_precision=IP)
-                if BK2 > 0:
-                    x2 = tl.load(states + r2[:, None] * VP + rv[None, :])
-                    x_read += tl.dot(query2, x2, input_precision=IP)
-                    d_query2 += lam_level * tl.dot(do, tl.trans(x2), input_precision=IP)
-                tl.store(dread_ptr + (slot.to(tl.int64) * NV + i_v) * C + rc, tl.sum(do * x_read, 1))
-                slot += 1
-    store_rows(dquery_ptr + row0 * KP, KP, rc, r1, d_query1)
-    if BK2 > 0:
-        store_rows(dquery_ptr + row0 * KP, KP, rc, r2, d_query2)
-    tl.debug_barrier()  # every value tile's share is stored before any thread sums them
+        d_query2 = tl.zeros((C, BK2), dtype=acc)
     slot = first
     for level in range(1, n_levels + 1):
         if ((i_c >> (level - 1)) & 1) == 1:
-            shares = dread_ptr + slot.to(tl.int64) * NV * C + rc
-            d_level = tl.load(shares)
-            for i_v in range(1, NV):
-                d_level += tl.load(shares + i_v * C)
+            states = x_ptr + slot.to(tl.int64) * KP * VP
+            m1 = tl.zeros((C, BK1), dtype=acc)
+            if BK2 > 0:
+                m2 = tl.zeros((C, BK2), dtype=acc)
+            for i_v in range(VP // BV):
+                rv = i_v * BV + tl.arange(0, BV)
+                do = load_tile(do_ptr, sdot, t, T, rv, V).to(acc)
+                m1 += tl.dot(do, tl.trans(tl.load(states + r1[:, None] * VP + rv[None, :])), input_precision=IP)
+                if BK2 > 0:
+                    m2 += tl.dot(do, tl.trans(tl.load(states + r2[:, None] * VP + rv[None, :])), input_precision=IP)
+            lam_level = load_level_column(lam_ptr, slt, t, T, L, C_LOG + level, acc)[:, None]
+            d_query1 += lam_level * m1
+            d_level = tl.sum(load_rows(query_ptr + row0 * KP, KP, rc, r1) * m1, 1)
+            if BK2 > 0:
+                d_query2 += lam_level * m2
+                d_level += tl.sum(load_rows(query_ptr + row0 * KP, KP, rc, r2) * m2, 1)
             store_level_column(dlam_ptr, sdlt, t, T, L, C_LOG + level, d_level)
             slot += 1
+    store_rows(dquery_ptr + row0 * KP, KP, rc, r1, d_query1)
+    if BK2 > 0:
+        store_rows(dquery_ptr + row0 * KP, KP, rc, r2, d_query2)
 
 
 @triton.jit
@@ -634,15 +747,28 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
     NX = states.shape[2]
     grid, tiles = (N, B * H), dict(C=chunk_size, BK1=BK1, BK2=BK2, BV=BVG, VP=VP, IP=IP, num_warps=config.grad_warps,
                                    num_stages=config.num_stages)
-    level_write_grad_kernel[grid](k, chunks.gc, states, first, adjoints, d_w, d_u, T, N, H, K, n_levels, NX,
-                                  k.stride(0), k.stride(1), sqh, **tiles)
-    level_transition_grad_kernel[grid](chunks.w, chunks.u, states, first, adjoints, d_kt, d_gamma, N, n_levels, NX,
-                                       **tiles)
-    d_reads = new(B, H, NX, VP // BVG, chunk_size)
-    level_read_grad_kernel[grid](chunks.query, level_scales, do, states, first, d_query, d_reads, dlam, T, N, H, V, L,
+    if config.gram_grads:
+        GK = min(64, BK1, BK2 or BK1)  # a power of two dividing BK1 + BK2
+        gram, d_left, d_gamma_parts = new(B, H, N, KP, KP), new(B, H, N, KP, VP), new(B, H, N, KP // GK)
+        level_gram_kernel[((KP // GK) ** 2, N, B * H)](
+            adjoints, states, first, gram, d_left, d_gamma_parts, N, n_levels, NX, KP=KP, GK=GK, BV=BV, VP=VP, IP=IP,
+            num_warps=config.grad_warps, num_stages=config.num_stages,
+        )
+        del adjoints
+        level_gram_grads_kernel[grid](
+            k, chunks.w, chunks.u, chunks.gc, gram, d_left, d_gamma_parts, d_w, d_u, d_kt, d_gamma, T, N, H, K,
+            k.stride(0), k.stride(1), sqh, C=chunk_size, BK1=BK1, BK2=BK2, BV=BV, VP=VP, NT=KP // GK, IP=IP,
+            num_warps=config.grad_warps, num_stages=config.num_stages,
+        )
+        del gram, d_left, d_gamma_parts
+    else:
+        level_write_grad_kernel[grid](k, chunks.gc, states, first, adjoints, d_w, d_u, T, N, H, K, n_levels, NX,
+                                      k.stride(0), k.stride(1), sqh, **tiles)
+        level_transition_grad_kernel[grid](chunks.w, chunks.u, states, first, adjoints, d_kt, d_gamma, N, n_levels,
+                                           NX, **tiles)
+        del adjoints
+    level_read_grad_kernel[grid](chunks.query, level_scales, do, states, first, d_query, dlam, T, N, H, V, L,
                                  n_levels, NX, *lam_strides, *do_strides, *dlam_strides, C_LOG=C_LOG, **tiles)
-    del d_reads
-    del adjoints
     dq, dk = torch.empty(B, T, H, K, device=q.device, dtype=acc), torch.empty(B, T, H, K, device=q.device, dtype=acc)
     dv = grads.get("dv", torch.empty(B, T, H, V, device=q.device, dtype=v.dtype))
     d_beta, d_gc = new(B, H, N * chunk_size), new(B, H, N * chunk_size)

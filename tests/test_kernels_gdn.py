@@ -157,6 +157,20 @@ def test_forward_and_every_gradient_match_float64(B, T, H, Hk, K, V, C, config):
     )
 
 
+@pytest.mark.parametrize("K, V", [(24, 40), (16, 32)], ids=["two-key-tiles", "one-key-tile"])
+def test_level_gradients_through_one_gram_per_chunk_equal_level_by_level(K, V):
+    """``G = Σ_ℓ D_ℓ S_ℓᵀ`` regroups the level-by-level sums of dW, dK̃, dU₀ and dγ_C: in float64 both give the same
+    function and gradients to round-off (10 chunks: four levels, left and right halves, a last block cut short)."""
+    args = inputs(1, 150, 2, 2, K, V, seed=K)
+    runs = []
+    for gram in (True, False):
+        config = DeltaLaunchConfig(key_tile=16, value_tile=16, gram_grads=gram)
+        runs.append(grads_of(lambda *a: kernels.loglinear_gated_deltanet(*a, chunk_size=16, config=config), args))
+    (out, grads), (ref, ref_grads) = runs
+    assert_close(out, ref, rtol=1e-13, what="o")
+    for name, g, r in zip(NAMES, grads, ref_grads):
+        assert_close(g, r, rtol=1e-13, atol=1e-15, what=name)
+
 @pytest.mark.parametrize("extra_columns", [0, 27], ids=["L9-exactly-the-levels", "L36-wider-than-needed"])
 def test_level_scales_of_any_width_match_float64(extra_columns):
     """λ is read and dλ written one column per level. T = 150 in chunks of 16 needs 9 levels (4 inside a
@@ -214,14 +228,16 @@ def test_fp32_and_fp64_products_are_never_rounded_to_tf32(monkeypatch, dtype, al
 
     names = {step6_delta_chunks: ["delta_chunk_kernel"],
              step7_delta_levels: ["level_walk_kernel", "delta_output_kernel"],
-             step8_delta_backward: ["level_walk_bwd_kernel", "level_write_grad_kernel", "level_transition_grad_kernel",
+             step8_delta_backward: ["level_walk_bwd_kernel", "level_gram_kernel", "level_gram_grads_kernel",
+                                    "level_write_grad_kernel", "level_transition_grad_kernel",
                                     "level_read_grad_kernel", "delta_chunk_values_bwd_kernel",
                                     "delta_chunk_solve_bwd_kernel", "delta_chunk_qk_bwd_kernel"]}
     for module in names:
         for name in names[module]:
             monkeypatch.setattr(module, name, Recorded(name, getattr(module, name)))
     q, k, v, lam, g, beta = (x.to(dtype).requires_grad_(True) for x in inputs(1, 40, 2, 2, 20, 8))
-    kernels.loglinear_gated_deltanet(q, k, v, lam, g, beta, chunk_size=16, config=SMALL_TILES).sum().backward()
+    for config in (SMALL_TILES, DeltaLaunchConfig(key_tile=16, value_tile=16, gram_grads=False)):
+        kernels.loglinear_gated_deltanet(q, k, v, lam, g, beta, chunk_size=16, config=config).sum().backward()
     assert {name for name, *_ in launched} == {name for module in names for name in names[module]}
     assert {p for _, *precisions in launched for p in precisions} <= allowed, launched
 

@@ -58,8 +58,8 @@ def delta_kernel_work(B: int, T: int, s: Setting) -> dict[str, int]:
     """:func:`kernel_work` of log-linear Gated DeltaNet (kernels steps 6-8), in the terms of
     :func:`~loglin_edu.bench.settings.counted_work_delta`: a chunk transition or read is ``2·C·K·V`` flops
     (``ckv``); the WY factors' kernel forms everything per chunk but the intra product ``(P ⊙ Λ) V``, which the
-    output kernel forms; the level gradients are ``2·ckv`` per chunk and level for the writes and for the
-    transition, ``2·ckv`` per read for the reads; the WY backward (three times the factors and the intra product) is
+    output kernel forms; the level gradients are one ``2·K·K·V`` product per read for ``G``, four ``[C, K]``
+    products by ``G`` or ``D_left`` per chunk, and ``ckv`` per read for the reads; the WY backward (three times the factors and the intra product) is
     split as its kernels run: four ``2·C·V`` products per token over the values, four ``2·C·K`` for dq and dk, the
     rest (the pass over the keys and the solve) in between."""
     C, H, K, V = s.chunk_size, s.heads, s.key, s.value
@@ -75,9 +75,9 @@ def delta_kernel_work(B: int, T: int, s: Setting) -> dict[str, int]:
         "level_walk_kernel": per_head * n * N * 2 * ckv,
         "delta_output_kernel": per_head * (intra + reads * ckv),
         "level_walk_bwd_kernel": per_head * (n * N * 2 * ckv + reads * ckv),
-        "level_write_grad_kernel": per_head * n * N * 2 * ckv,
-        "level_transition_grad_kernel": per_head * n * N * 2 * ckv,
-        "level_read_grad_kernel": per_head * reads * 2 * ckv,
+        "level_gram_kernel": per_head * reads * 2 * K * K * V,
+        "level_gram_grads_kernel": per_head * N * (2 * 2 * C * K * K + 2 * ckv),
+        "level_read_grad_kernel": per_head * reads * ckv,
         "delta_chunk_values_bwd_kernel": per_head * 4 * intra,
         "delta_chunk_solve_bwd_kernel": per_head * (3 * (factors + intra) - 4 * intra - T * 4 * 2 * C * K),
         "delta_chunk_qk_bwd_kernel": per_head * T * 4 * 2 * C * K,

@@ -136,7 +136,9 @@ def counted_work_delta(B: int, T: int, s: Setting) -> dict:
     - level walks: one chunk transition (``4·C·K·V``) per chunk and level, ``n·N`` of them; reads ``2·C·K·V``
       per stored state (``Σ_c popcount(c)``);
     - backward: the reverse walks (``4·C·K·V`` per transition, ``2·C·K·V`` per read), the level gradients
-      (``8·C·K·V`` per chunk and level, ``4·C·K·V`` more per read), the WY backward (about three times its forward).
+      (``2·K·K·V`` per read for ``G = Σ_ℓ D_ℓ S_ℓᵀ``, ``8·C·K·K + 4·C·K·V`` per chunk for the products of the
+      chunk's factors with it, ``2·C·K·V`` per read for the reads' own), the WY backward (about three times its
+      forward).
     """
     C, H, K, V = s.chunk_size, s.heads, s.key, s.value
     N = -(-T // C)
@@ -146,7 +148,8 @@ def counted_work_delta(B: int, T: int, s: Setting) -> dict:
     chunks = T * (4 * 2 * C * K + 2 * 2 * C * V + (C // 16 + 18) * 2 * C * C)
     walks = n * N * 2 * ckv
     forward = B * H * (chunks + walks + reads * ckv)
-    backward = B * H * (walks + reads * ckv + n * N * 4 * ckv + reads * 2 * ckv + 3 * chunks)
+    level_grads = reads * 2 * K * K * V + N * (2 * 2 * C * K * K + 2 * ckv) + reads * ckv
+    backward = B * H * (walks + reads * ckv + level_grads + 3 * chunks)
     size = torch.finfo(s.torch_dtype).bits // 8
     L = (T - 1).bit_length() + 1
     inputs = B * T * H * (2 * K + V + L + 2) * size
