@@ -295,9 +295,12 @@ class DeltaLaunchConfig:
     num_stages: software-pipelining stages of every loop (1: none; more prefetch the next chunk's factors but need
     shared memory for each stage);
     precision: a rung of :data:`DELTA_PRECISIONS` for fp16/bf16 calls;
-    gram_grads: the level gradients of the chunk factors through one ``K × K`` product per chunk,
-        ``G = Σ_ℓ D_ℓ S_ℓᵀ`` (step 8's ``level_gram_kernel``); ``False``: level by level (``level_write_grad_kernel``
-        and ``level_transition_grad_kernel``).
+    backward_walk: ``"stacked"``, one reverse walk per value tile carrying every live level's adjoint at once (step
+        8's ``level_adjoint_walk_kernel``), or ``"levels"``, one reverse walk per level and block, all at once
+        (``level_walk_bwd_kernel``);
+    gram_grads: with ``backward_walk="levels"``, the level gradients of the chunk factors through one ``K × K``
+        product per chunk, ``G = Σ_ℓ D_ℓ S_ℓᵀ`` (``level_gram_kernel``); ``False``: level by level
+        (``level_write_grad_kernel`` and ``level_transition_grad_kernel``).
     """
 
     key_tile: int = MAX_BLOCK
@@ -309,11 +312,14 @@ class DeltaLaunchConfig:
     grad_warps: int = 8
     num_stages: int = 1
     precision: str = "fast"
+    backward_walk: str = "stacked"
     gram_grads: bool = True
 
     def __post_init__(self) -> None:
         if self.precision not in DELTA_PRECISIONS:
             raise ValueError(f"precision must be one of {DELTA_PRECISIONS}, got {self.precision!r}")
+        if self.backward_walk not in ("stacked", "levels"):
+            raise ValueError(f"backward_walk must be 'stacked' or 'levels', got {self.backward_walk!r}")
         for name in ("key_tile", "value_tile", "grad_value_tile"):
             width = getattr(self, name)
             if width is not None and (width < 16 or width & (width - 1)):

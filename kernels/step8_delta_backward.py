@@ -4,10 +4,17 @@ The forward (step 7) carries, for each level ``ℓ`` and aligned block, a state 
 with ``S ← γ_C S + K̃ᵀ (u - W S)`` (``u = U₀`` in the left half, where the block's keys are written, 0 in
 the right half, where they are read: ``X_{c,ℓ} = S``, ``o += diag(λ_ℓ) query X_{c,ℓ}``). Three stages:
 
-1. :func:`level_walk_bwd_kernel` — every walk in reverse, all at once, carrying the adjoint ``D`` of the
-   state (the transposed transition, ``Φᵀ D = γ_C D - Wᵀ (K̃ D)``) and adding each reader's
-   ``queryᵀ diag(λ_ℓ) dO``. It stores ``D_{c,ℓ}``, the adjoint of the state *leaving* chunk ``c``, for every
-   chunk and level. It needs no forward state: only the chunk factors and ``dO``.
+1. the walks in reverse, carrying the adjoint ``D`` of the state (the transposed transition,
+   ``Φᵀ D = γ_C D - Wᵀ (K̃ D)``) and adding each reader's ``queryᵀ diag(λ_ℓ) dO``. They need no forward state:
+   only the chunk factors and ``dO``. :func:`level_adjoint_walk_kernel` (the default) makes one walk per value
+   tile, from the last chunk to the first, carrying every live level at once: the forward built chunk
+   ``c + 1``'s read states from chunk ``c``'s as a binary counter carries (the levels of the trailing ones of
+   ``c`` merged into one, every level above carried on alone), so one transposed transition per *distinct*
+   level reaches all of chunk ``c``'s, and it stores ``A_{c,ℓ}``, the adjoint of each read state, in that
+   state's own slot: ``Σ_c popcount(c)`` blocks, about half as many transitions as the walks per level make.
+   ``DeltaLaunchConfig(backward_walk="levels")`` runs the forward's walks instead, every level and block at
+   once (:func:`level_walk_bwd_kernel`), storing ``D_{c,ℓ}``, the adjoint of the state *leaving* chunk ``c``,
+   for every chunk and level: more parallel programs, twice the transitions and ``N · n`` blocks.
 2. the level gradients — per chunk, every level's state entering it and adjoint leaving it.
    The state is ``X_{c,ℓ}`` where bit ``ℓ - 1`` of ``c`` is set (stored by step 7); where it is clear, the
    chunk is in the block's left half and the state is the part of that half before ``c`` — exactly the
@@ -21,12 +28,14 @@ the right half, where they are read: ``X_{c,ℓ} = S``, ``o += diag(λ_ℓ) quer
 
        dW = -K̃ G,    dK̃ = U₀ D_leftᵀ - W Gᵀ,    dU₀ = K̃ D_left,    dγ_C = trace G
 
-   and since ``Z`` is a running sum, ``G = Σ_{a read} (D_a + Σ_{ℓ > a, left} D_ℓ) X_aᵀ``: ``popcount(c)``
-   products of a ``[K, V]`` pair per chunk, however many levels pass through it (:func:`level_gram_kernel`, in
-   ``K × K`` blocks of 64, then :func:`level_gram_grads_kernel`). The reads need one product each,
+   From the stacked walk, ``G = A_{c+1,j+1} (Σ_{a ≤ j} X_{c,a})ᵀ + Σ_{a > j+1} A_{c+1,a} X_{c,a}ᵀ`` and
+   ``D_left = A_{c+1,j+1}`` (``j`` the trailing ones of ``c``; :func:`slot_gram_kernel`); from the walks per
+   level, since ``Z`` is a running sum, ``G = Σ_{a read} (D_a + Σ_{ℓ > a, left} D_ℓ) X_aᵀ``
+   (:func:`level_gram_kernel`): either way at most ``popcount(c)`` products of a ``[K, V]`` pair per chunk,
+   however many levels pass through it, in ``K × K`` blocks of up to 64; then :func:`level_gram_grads_kernel`. The reads need one product each,
    ``M = dO Xᵀ`` (``[C, K]``), for both of theirs: ``dquery += diag(λ_ℓ) M`` and ``dλ = rowsum(query ⊙ M)``
-   (:func:`level_read_grad_kernel`). ``DeltaLaunchConfig(gram_grads=False)`` forms the first four level by
-   level instead, one launch per kind of output (:func:`level_write_grad_kernel`: dW, dU₀;
+   (:func:`level_read_grad_kernel`). With the walks per level, ``DeltaLaunchConfig(gram_grads=False)`` forms
+   the first four level by level instead, one launch per kind of output (:func:`level_write_grad_kernel`: dW, dU₀;
    :func:`level_transition_grad_kernel`: dK̃, dγ_C), each program holding one ``[C, K]`` accumulator over all of K.
 3. the WY backward, per chunk, through the WY form of step 6 to ``q, k, v, β`` and the within-chunk cumulative
    decay, plus the intra-chunk product ``(P ⊙ Λ) V`` (``dv``, and ``dλ`` at levels ``0..log2 C``). With
@@ -44,10 +53,11 @@ the right half, where they are read: ``X_{c,ℓ} = S``, ``o += diag(λ_ℓ) quer
    quantities inside one chunk (``Γ``, ``γ``, ``γ_C``), so ``d log_decay`` is a reverse cumulative sum within
    each chunk: no error carried across the sequence.
 
-Memory: the adjoints are ``N · n`` blocks of ``K × V`` per head (fp32), alive during the backward only, then
-``G`` and ``D_left`` (one ``K × K`` and one ``K × V`` block per chunk); the WY backward hands two ``C × C`` pairs
-per chunk from launch to launch.
-Work: the reverse walks cost what the forward walks cost; the level gradients one ``[K, V] × [V, K]`` product
+Memory: the adjoints are ``Σ_c popcount(c)`` blocks of ``K × V`` per head (fp32; ``N · n`` with the walks per
+level, plus ``D_left``, one more per chunk), and ``G``, one ``K × K`` block per chunk, alive during the backward
+only; the WY backward hands two ``C × C`` pairs per chunk from launch to launch.
+Work: the stacked reverse walk makes one transition per chunk and distinct level (about half the forward
+walks'; the walks per level as many as the forward's), and one product per read; the level gradients one ``[K, V] × [V, K]`` product
 per chunk and read, four ``[C, K] × [K, K or V]`` products per chunk, and one ``[C, V] × [V, K]`` product per
 read (level by level: four ``[C, K] × [K, V]``-sized products per chunk and level).
 """
@@ -64,7 +74,7 @@ from .inputs import reverse_cumsum
 from .step6_delta_chunks import DeltaChunks, load_rows, store_rows, value_tiles
 from .step7_delta_levels import first_slots, load_transition, walk_table
 from .tiles import (decay_matrix, fenwick_levels, load_level_column, load_level_scale_matrix, load_tile,
-                    store_level_column, store_level_sums, store_tile)
+                    store_level_column, store_level_sums, store_tile, trailing_ones)
 
 SOLVE_KEY_TILE = 32  # key columns the WY backward's pass over the keys holds at once (wider tiles spill registers)
 QK_KEY_TILE = 64  # key columns of one program of dq, dk (the rows of a Hopper product of the chunk's C × C blocks)
@@ -345,6 +355,134 @@ def level_gram_kernel(
 
 
 @triton.jit
+def load_adjoint(slot_ptr, rv, BK1: tl.constexpr, BK2: tl.constexpr, BK2P: tl.constexpr, VP):
+    """The transposed adjoint ``[a1, a2]`` (``[BV, BK1]``, ``[BV, BK2P]``) of a ``[KP, VP]`` block at ``slot_ptr``
+    (the program's value columns ``rv``)."""
+    columns = (slot_ptr + rv)[:, None]
+    a1 = tl.load(columns + tl.arange(0, BK1)[None, :] * VP)
+    if BK2 > 0:
+        a2 = tl.load(columns + (BK1 + tl.arange(0, BK2P))[None, :] * VP)
+    else:
+        a2 = tl.zeros((rv.shape[0], BK2P), dtype=a1.dtype)
+    return a1, a2
+
+
+@triton.jit
+def level_adjoint_walk_kernel(
+    k_ptr, w_ptr, query_ptr, gc_ptr, lam_ptr, do_ptr, first_ptr, a_ptr,
+    T, N, H, K, V, L, n_levels, NX,
+    skb, skt, skh, slb, slt, slh, sdob, sdot, sdoh,
+    C: tl.constexpr, C_LOG: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BK2P: tl.constexpr,
+    BV: tl.constexpr, VP: tl.constexpr, IP: tl.constexpr,
+):
+    """Grid ``(VP / BV, B·H)``: one walk from the last chunk to the first carrying every live level's adjoint at
+    once. It stores ``A_{c,a}``, the adjoint of each read state ``X_{c,a}``, in the read states' own slots (a:
+    ``[B, H, NX, BK1 + BK2, VP]``, as x). With ``j`` the trailing ones of ``c``, the forward made chunk ``c + 1``'s
+    states from chunk ``c``'s as a binary counter makes its carry,
+
+        X_{c+1, j+1} = Φ_c (Σ_{a ≤ j} X_{c,a}) + K̃ᵀ U₀,      X_{c+1, a} = Φ_c X_{c,a}   (a > j + 1),
+
+    so backwards ``A_{c,a} = Φ_cᵀ A_{c+1, j+1} + R_{c,a}`` for ``a ≤ j`` (one transition for all of them),
+    ``A_{c,a} = Φ_cᵀ A_{c+1, a} + R_{c,a}`` above, with the read's own ``R_{c,a} = queryᵀ diag(λ_a) dO``
+    (held transposed, ``(diag(λ_a) dO)ᵀ query``)."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    KP = BK1 + BK2
+    rc, rv, r1 = tl.arange(0, C), tl.arange(0, BV), tl.arange(0, BK1)
+    k_ptr += i_b.to(tl.int64) * skb + i_h * skh
+    lam_ptr += i_b.to(tl.int64) * slb + i_h * slh
+    do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh + i_v * BV
+    base = i_bh.to(tl.int64) * N * C
+    gc_ptr += base
+    w_ptr += base * KP
+    query_ptr += base * KP
+    a_ptr += i_bh.to(tl.int64) * NX * KP * VP + i_v * BV
+    for step in range(N):
+        c = N - 1 - step
+        first = tl.load(first_ptr + c)
+        later = tl.load(first_ptr + c + 1)  # chunk c + 1's first slot: its level j + 1, then c's levels above
+        merges = trailing_ones(c, n_levels)
+        k_c, w_c, gc_c = k_ptr + (c * C).to(tl.int64) * skt, w_ptr + c * C * KP, gc_ptr + c * C
+        t = c * C + rc
+        scaled = tl.load(do_ptr + t[None, :].to(tl.int64) * sdot + rv[:, None],
+                         mask=(t[None, :] < T) & (i_v * BV + rv[:, None] < V), other=0.0).to(gc_ptr.dtype.element_ty)
+        query = (query_ptr + c * C * KP + rc * KP)[:, None]
+        m1 = tl.zeros((BV, BK1), dtype=gc_ptr.dtype.element_ty)  # Φ_cᵀ A_{c+1, j+1}, shared by the merged levels
+        m2 = tl.zeros((BV, BK2P), dtype=gc_ptr.dtype.element_ty)
+        if (merges > 0) & (c + 1 < N):
+            m1, m2 = load_adjoint(a_ptr + later.to(tl.int64) * KP * VP, rv, BK1, BK2, BK2P, VP)
+            m1, m2 = carry_back(m1, m2, k_c, skt, w_c, gc_c, rc, T - c * C, K, BK1, BK2, IP)
+        rank = 0
+        for bit in range(n_levels):
+            if ((c >> bit) & 1) == 1:
+                a1, a2 = m1, m2
+                if (bit >= merges) & (c + 1 < N):
+                    a1, a2 = load_adjoint(a_ptr + (later + rank - merges + 1).to(tl.int64) * KP * VP, rv, BK1, BK2,
+                                          BK2P, VP)
+                    a1, a2 = carry_back(a1, a2, k_c, skt, w_c, gc_c, rc, T - c * C, K, BK1, BK2, IP)
+                elif bit >= merges:
+                    a1 = tl.zeros((BV, BK1), dtype=m1.dtype)
+                    a2 = tl.zeros((BV, BK2P), dtype=m1.dtype)
+                lam = load_level_column(lam_ptr, slt, t, T, L, C_LOG + bit + 1, m1.dtype)
+                read = scaled * lam[None, :]  # (diag(λ_a) dO)ᵀ: [BV, C]
+                a1 += tl.dot(read, tl.load(query + r1[None, :]), input_precision=IP)
+                if BK2 > 0:
+                    a2 += tl.dot(read, tl.load(query + (BK1 + tl.arange(0, BK2P))[None, :]), input_precision=IP)
+                slot = (a_ptr + (first + rank).to(tl.int64) * KP * VP + rv)[:, None]
+                tl.store(slot + r1[None, :] * VP, a1)
+                if BK2 > 0:
+                    tl.store(slot + (BK1 + tl.arange(0, BK2P))[None, :] * VP, a2)
+                rank += 1
+        tl.debug_barrier()  # chunk c's adjoints are stored before any thread loads them for chunk c - 1
+
+
+@triton.jit
+def slot_gram_kernel(
+    a_ptr, x_ptr, first_ptr, gram_ptr, dgamma_ptr, N, n_levels, NX,
+    KP: tl.constexpr, GK: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr, IP: tl.constexpr,
+):
+    """Grid ``((KP / GK)², N, B·H)``: block ``(i, j)`` of chunk ``i_c``'s ``G = Σ_ℓ D_ℓ S_ℓᵀ`` from the stacked
+    walk's adjoints (:func:`level_adjoint_walk_kernel`): the adjoint leaving chunk ``c`` of the merged level is
+    ``A_{c+1, j+1}``, its state ``Σ_{a ≤ j} X_{c,a}``; every level ``a`` above carries ``X_{c,a}`` into ``A_{c+1,a}``:
+
+        G = A_{c+1, j+1} (Σ_{a ≤ j} X_{c,a})ᵀ + Σ_{a > j+1} A_{c+1,a} X_{c,a}ᵀ,      D_left = A_{c+1, j+1}
+
+    (zero for the last chunk). Diagonal blocks also store ``Σ <D_ℓ, S_ℓ>`` over their rows, summed exactly, in
+    dgamma ``[B, H, N, KP / GK]``; ``D_left`` is read in place by :func:`level_gram_grads_kernel`."""
+    i_t, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    NT = KP // GK
+    t_i, t_j = i_t // NT, i_t % NT
+    ri, rj = t_i * GK + tl.arange(0, GK), t_j * GK + tl.arange(0, GK)
+    chunk = i_bh.to(tl.int64) * N + i_c
+    a_ptr += i_bh.to(tl.int64) * NX * KP * VP
+    x_ptr += i_bh.to(tl.int64) * NX * KP * VP
+    first = tl.load(first_ptr + i_c)
+    later = tl.load(first_ptr + i_c + 1)
+    reads = later - first
+    merges = trailing_ones(i_c, n_levels)
+    gram = tl.zeros((GK, GK), dtype=a_ptr.dtype.element_ty)
+    d_gamma = tl.sum(tl.zeros((GK,), dtype=a_ptr.dtype.element_ty), 0)
+    if i_c + 1 < N:
+        for i_v in range(VP // BV):
+            rv = i_v * BV + tl.arange(0, BV)
+            merged = tl.zeros((GK, BV), dtype=a_ptr.dtype.element_ty)
+            for rank in range(merges):
+                merged += tl.load(x_ptr + (first + rank).to(tl.int64) * KP * VP + rj[:, None] * VP + rv[None, :])
+            for rank in range(merges, reads + 1):
+                x = merged
+                if rank > merges:  # the level of chunk i_c's read state of this rank, carried on alone
+                    x = tl.load(x_ptr + (first + rank - 1).to(tl.int64) * KP * VP + rj[:, None] * VP + rv[None, :])
+                if (rank > merges) | (merges > 0):
+                    d = tl.load(a_ptr + (later + rank - merges).to(tl.int64) * KP * VP + ri[:, None] * VP + rv[None, :])
+                    gram += tl.dot(d, tl.trans(x), input_precision=IP)
+                    if t_i == t_j:  # then rj = ri
+                        d_gamma += tl.sum(tl.sum(d * x, 1), 0)
+    tl.store(gram_ptr + chunk * KP * KP + ri[:, None] * KP + rj[None, :], gram)
+    if t_i == t_j:
+        tl.store(dgamma_ptr + chunk * NT + t_i, d_gamma)
+
+
+@triton.jit
 def gram_block(gram_ptr, rows, cols, KP):
     """``G[rows, cols]`` of one chunk's ``[KP, KP]`` block."""
     return tl.load(gram_ptr + rows[:, None] * KP + cols[None, :])
@@ -352,23 +490,30 @@ def gram_block(gram_ptr, rows, cols, KP):
 
 @triton.jit
 def level_gram_grads_kernel(
-    k_ptr, w_ptr, u_ptr, gc_ptr, gram_ptr, dleft_ptr, dgamma_part_ptr, dw_ptr, du_ptr, dkt_ptr, dgamma_ptr,
-    T, N, H, K, skb, skt, skh,
+    k_ptr, w_ptr, u_ptr, gc_ptr, gram_ptr, dleft_ptr, first_ptr, dgamma_part_ptr, dw_ptr, du_ptr, dkt_ptr, dgamma_ptr,
+    T, N, H, K, NX, skb, skt, skh,
     C: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr, NT: tl.constexpr,
-    IP: tl.constexpr,
+    LEFT_IN_SLOTS: tl.constexpr, IP: tl.constexpr,
 ):
     """Grid ``(N, B·H)``. Chunk ``i_c``'s level gradients from its ``G`` and ``D_left`` (:func:`level_gram_kernel`):
 
         dW = -K̃ G,    dK̃ = U₀ D_leftᵀ - W Gᵀ,    dU₀ = K̃ D_left,    dγ_C = trace G
 
     (``Σ_ℓ -(K̃ D_ℓ) S_ℓᵀ`` and ``Σ_ℓ (u_ℓ - W S_ℓ) D_ℓᵀ`` regrouped: ``u_ℓ = U₀`` in left halves only). k, w,
-    u, gc as the walks'; writes dw, dkt ``[B, H, N·C, BK1 + BK2]``, du ``[B, H, N·C, VP]``, dgamma ``[B, H, N]``."""
+    u, gc as the walks'; dleft: ``[B, H, N, KP, VP]``, or with ``LEFT_IN_SLOTS`` the stacked walk's adjoints
+    (``D_left`` of chunk ``c`` is chunk ``c + 1``'s first slot, none for the last chunk); writes dw, dkt
+    ``[B, H, N·C, BK1 + BK2]``, du ``[B, H, N·C, VP]``, dgamma ``[B, H, N]``."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     KP = BK1 + BK2
     chunk = i_bh.to(tl.int64) * N + i_c
     row0 = chunk * C
     gram_ptr += chunk * KP * KP
-    dleft_ptr += chunk * KP * VP
+    if LEFT_IN_SLOTS:
+        dleft_ptr += (i_bh.to(tl.int64) * NX + tl.load(first_ptr + i_c + 1)) * KP * VP
+        left_rows = tl.where(i_c + 1 < N, KP, 0)  # rows of D_left to load: none for the last chunk
+    else:
+        dleft_ptr += chunk * KP * VP
+        left_rows = KP
     k_ptr += (i_bh // H).to(tl.int64) * skb + (i_bh % H) * skh
     rc, r1 = tl.arange(0, C), tl.arange(0, BK1)
     t = i_c * C + rc
@@ -391,11 +536,11 @@ def level_gram_grads_kernel(
     for i_v in range(VP // BV):
         rv = i_v * BV + tl.arange(0, BV)
         u = load_rows(u_ptr + row0 * VP, VP, rc, rv)
-        left1 = tl.load(dleft_ptr + r1[:, None] * VP + rv[None, :])
+        left1 = tl.load(dleft_ptr + r1[:, None] * VP + rv[None, :], mask=(r1[:, None] < left_rows) & (rv[None, :] < VP), other=0.0)
         d_kt1 += tl.dot(u, tl.trans(left1), input_precision=IP)
         d_u = tl.dot(kt1, left1, input_precision=IP)
         if BK2 > 0:
-            left2 = tl.load(dleft_ptr + r2[:, None] * VP + rv[None, :])
+            left2 = tl.load(dleft_ptr + r2[:, None] * VP + rv[None, :], mask=(r2[:, None] < left_rows) & (rv[None, :] < VP), other=0.0)
             d_kt2 += tl.dot(u, tl.trans(left2), input_precision=IP)
             d_u += tl.dot(kt2, left2, input_precision=IP)
         store_rows(du_ptr + row0 * VP, VP, rc, rv, d_u)
@@ -728,17 +873,8 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
     IP = dot_precision(q.dtype, config.precision)
     sqh = 0 if Hk == 1 else q.stride(2)
     new = lambda *shape: torch.empty(*shape, device=q.device, dtype=acc)  # noqa: E731
-    adjoints = new(B, H, N, max(n_levels, 1), KP, VP)
-    walks = walk_table(N, q.device)
     lam_strides = (level_scales.stride(0), level_scales.stride(1), level_scales.stride(2))
     do_strides = (do.stride(0), do.stride(1), do.stride(2))
-    if len(walks):
-        level_walk_bwd_kernel[(NV, B * H, len(walks))](
-            k, chunks.w, chunks.query, chunks.gc, level_scales, do, adjoints, walks, T, N, H, K, V, L, n_levels,
-            k.stride(0), k.stride(1), sqh, *lam_strides, *do_strides,
-            C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BK2P=max(BK2, 16), BV=BV, VP=VP, IP=IP,
-            num_warps=config.walk_warps, num_stages=config.num_stages,
-        )
     d_query, d_w, d_kt = new(B, H, N * chunk_size, KP), new(B, H, N * chunk_size, KP), new(B, H, N * chunk_size, KP)
     d_u, d_gamma = new(B, H, N * chunk_size, VP), new(B, H, N)
     dlam = grads.get("dlam", torch.zeros(B, T, H, L, device=q.device, dtype=level_scales.dtype))
@@ -747,26 +883,48 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
     NX = states.shape[2]
     grid, tiles = (N, B * H), dict(C=chunk_size, BK1=BK1, BK2=BK2, BV=BVG, VP=VP, IP=IP, num_warps=config.grad_warps,
                                    num_stages=config.num_stages)
-    if config.gram_grads:
-        GK = min(64, BK1, BK2 or BK1)  # a power of two dividing BK1 + BK2
-        gram, d_left, d_gamma_parts = new(B, H, N, KP, KP), new(B, H, N, KP, VP), new(B, H, N, KP // GK)
-        level_gram_kernel[((KP // GK) ** 2, N, B * H)](
-            adjoints, states, first, gram, d_left, d_gamma_parts, N, n_levels, NX, KP=KP, GK=GK, BV=BV, VP=VP, IP=IP,
-            num_warps=config.grad_warps, num_stages=config.num_stages,
+    GK = min(64, BK1, BK2 or BK1)  # a power of two dividing BK1 + BK2
+    gram, d_gamma_parts = new(B, H, N, KP, KP), new(B, H, N, KP // GK)
+    gram_launch = dict(KP=KP, GK=GK, BV=BV, VP=VP, IP=IP, num_warps=config.grad_warps, num_stages=config.num_stages)
+    if config.backward_walk == "stacked":
+        d_left = torch.empty_like(states)  # the adjoints of the read states, in their slots
+        level_adjoint_walk_kernel[(NV, B * H)](
+            k, chunks.w, chunks.query, chunks.gc, level_scales, do, first, d_left, T, N, H, K, V, L, n_levels, NX,
+            k.stride(0), k.stride(1), sqh, *lam_strides, *do_strides,
+            C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BK2P=max(BK2, 16), BV=BV, VP=VP, IP=IP,
+            num_warps=config.walk_warps, num_stages=config.num_stages,
         )
-        del adjoints
-        level_gram_grads_kernel[grid](
-            k, chunks.w, chunks.u, chunks.gc, gram, d_left, d_gamma_parts, d_w, d_u, d_kt, d_gamma, T, N, H, K,
-            k.stride(0), k.stride(1), sqh, C=chunk_size, BK1=BK1, BK2=BK2, BV=BV, VP=VP, NT=KP // GK, IP=IP,
-            num_warps=config.grad_warps, num_stages=config.num_stages,
-        )
-        del gram, d_left, d_gamma_parts
+        slot_gram_kernel[((KP // GK) ** 2, N, B * H)](d_left, states, first, gram, d_gamma_parts, N, n_levels, NX,
+                                                       **gram_launch)
     else:
-        level_write_grad_kernel[grid](k, chunks.gc, states, first, adjoints, d_w, d_u, T, N, H, K, n_levels, NX,
-                                      k.stride(0), k.stride(1), sqh, **tiles)
-        level_transition_grad_kernel[grid](chunks.w, chunks.u, states, first, adjoints, d_kt, d_gamma, N, n_levels,
-                                           NX, **tiles)
+        adjoints = new(B, H, N, max(n_levels, 1), KP, VP)
+        walks = walk_table(N, q.device)
+        if len(walks):
+            level_walk_bwd_kernel[(NV, B * H, len(walks))](
+                k, chunks.w, chunks.query, chunks.gc, level_scales, do, adjoints, walks, T, N, H, K, V, L, n_levels,
+                k.stride(0), k.stride(1), sqh, *lam_strides, *do_strides,
+                C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BK2P=max(BK2, 16), BV=BV, VP=VP, IP=IP,
+                num_warps=config.walk_warps, num_stages=config.num_stages,
+            )
+        if config.gram_grads:
+            d_left = new(B, H, N, KP, VP)
+            level_gram_kernel[((KP // GK) ** 2, N, B * H)](adjoints, states, first, gram, d_left, d_gamma_parts, N,
+                                                           n_levels, NX, **gram_launch)
+        else:
+            level_write_grad_kernel[grid](k, chunks.gc, states, first, adjoints, d_w, d_u, T, N, H, K, n_levels, NX,
+                                          k.stride(0), k.stride(1), sqh, **tiles)
+            level_transition_grad_kernel[grid](chunks.w, chunks.u, states, first, adjoints, d_kt, d_gamma, N,
+                                               n_levels, NX, **tiles)
         del adjoints
+    if config.backward_walk == "stacked" or config.gram_grads:
+        level_gram_grads_kernel[grid](
+            k, chunks.w, chunks.u, chunks.gc, gram, d_left, first, d_gamma_parts, d_w, d_u, d_kt, d_gamma, T, N, H, K,
+            NX, k.stride(0), k.stride(1), sqh, C=chunk_size, BK1=BK1, BK2=BK2, BV=BV, VP=VP, NT=KP // GK,
+            LEFT_IN_SLOTS=config.backward_walk == "stacked", IP=IP, num_warps=config.grad_warps,
+            num_stages=config.num_stages,
+        )
+        del d_left
+    del gram, d_gamma_parts
     level_read_grad_kernel[grid](chunks.query, level_scales, do, states, first, d_query, dlam, T, N, H, V, L,
                                  n_levels, NX, *lam_strides, *do_strides, *dlam_strides, C_LOG=C_LOG, **tiles)
     dq, dk = torch.empty(B, T, H, K, device=q.device, dtype=acc), torch.empty(B, T, H, K, device=q.device, dtype=acc)

@@ -55,11 +55,11 @@ def test_profile_table_splits_the_phases_and_adds_work_and_registers():
         calls.append(run)
         if len(calls) == 1:
             return {"delta_chunk_kernel": [2, 4.0], "aten::copy_": [6, 0.6], "block_delta_chunk_kernel": [1, 0.5]}
-        return {"delta_chunk_solve_bwd_kernel": [1, 3.0], "level_gram_kernel": [1, 1.0]}
+        return {"delta_chunk_solve_bwd_kernel": [1, 3.0], "slot_gram_kernel": [1, 1.0]}
 
     def compiled():
-        return [dict(kernel="level_gram_kernel", n_regs=238, n_spills=0),
-                dict(kernel="level_gram_kernel", n_regs=255, n_spills=40),
+        return [dict(kernel="slot_gram_kernel", n_regs=238, n_spills=0),
+                dict(kernel="slot_gram_kernel", n_regs=255, n_spills=40),
                 dict(kernel="delta_chunk_kernel", n_regs=None, n_spills=None)]
 
     s = replace(GDN_CPU, tokens=16)
@@ -68,18 +68,18 @@ def test_profile_table_splits_the_phases_and_adds_work_and_registers():
     assert len(calls) == 3  # the forwards, then one backward per step
     rows = {(r["phase"], r["kernel"]): r for r in profiled["kernels"]}
     assert set(rows) == {("forward", "delta_chunk_kernel"), ("forward", "aten::copy_"), ("forward", "block_delta_chunk_kernel"),
-                         ("backward", "delta_chunk_solve_bwd_kernel"), ("backward", "level_gram_kernel")}
+                         ("backward", "delta_chunk_solve_bwd_kernel"), ("backward", "slot_gram_kernel")}
     assert rows["forward", "delta_chunk_kernel"]["ms"] == 2.0 and rows["forward", "delta_chunk_kernel"]["calls"] == 1
     assert rows["backward", "delta_chunk_solve_bwd_kernel"]["ms"] == 3.0
-    assert rows["backward", "level_gram_kernel"]["calls"] == 1
+    assert rows["backward", "slot_gram_kernel"]["calls"] == 1
     assert profiled["forward_ms"] == pytest.approx(2.55) and profiled["backward_ms"] == pytest.approx(4.0)
     assert profiled["total_ms"] == pytest.approx(6.55) and profiled["B"] == 1
     work = delta_kernel_work(1, 16, s)
-    assert rows["backward", "level_gram_kernel"]["flops"] == work["level_gram_kernel"]
+    assert rows["backward", "slot_gram_kernel"]["flops"] == work["slot_gram_kernel"]
     assert "flops" not in rows["forward", "aten::copy_"]
     assert "flops" not in rows["forward", "block_delta_chunk_kernel"]  # another kernel: its name only contains one
-    assert rows["backward", "level_gram_kernel"]["n_regs"] == 255
-    assert rows["backward", "level_gram_kernel"]["n_spills"] == 40
+    assert rows["backward", "slot_gram_kernel"]["n_regs"] == 255
+    assert rows["backward", "slot_gram_kernel"]["n_spills"] == 40
     assert "n_regs" not in rows["forward", "delta_chunk_kernel"]
     assert [r["phase"] for r in profiled["kernels"]] == ["forward"] * 3 + ["backward"] * 2
     assert profiled["kernels"][3]["kernel"] == "delta_chunk_solve_bwd_kernel"  # largest first within the phase

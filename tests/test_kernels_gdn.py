@@ -157,19 +157,26 @@ def test_forward_and_every_gradient_match_float64(B, T, H, Hk, K, V, C, config):
     )
 
 
+BACKWARDS = {"levels-gram": dict(backward_walk="levels"), "levels": dict(backward_walk="levels", gram_grads=False)}
+
+
 @pytest.mark.parametrize("K, V", [(24, 40), (16, 32)], ids=["two-key-tiles", "one-key-tile"])
-def test_level_gradients_through_one_gram_per_chunk_equal_level_by_level(K, V):
-    """``G = Σ_ℓ D_ℓ S_ℓᵀ`` regroups the level-by-level sums of dW, dK̃, dU₀ and dγ_C: in float64 both give the same
-    function and gradients to round-off (10 chunks: four levels, left and right halves, a last block cut short)."""
+@pytest.mark.parametrize("backward", list(BACKWARDS))
+def test_the_backward_schedules_agree_to_round_off(K, V, backward):
+    """The default backward (one reverse walk carrying every live level, the chunk factors' gradients through one
+    ``K × K`` product per chunk) against the walks per level and block, with the Gram product or level by level:
+    in float64 the same gradients to round-off (10 chunks: four levels, left and right halves, a last block cut
+    short)."""
     args = inputs(1, 150, 2, 2, K, V, seed=K)
     runs = []
-    for gram in (True, False):
-        config = DeltaLaunchConfig(key_tile=16, value_tile=16, gram_grads=gram)
+    for knobs in ({}, BACKWARDS[backward]):
+        config = DeltaLaunchConfig(key_tile=16, value_tile=16, **knobs)
         runs.append(grads_of(lambda *a: kernels.loglinear_gated_deltanet(*a, chunk_size=16, config=config), args))
     (out, grads), (ref, ref_grads) = runs
     assert_close(out, ref, rtol=1e-13, what="o")
     for name, g, r in zip(NAMES, grads, ref_grads):
         assert_close(g, r, rtol=1e-13, atol=1e-15, what=name)
+
 
 @pytest.mark.parametrize("extra_columns", [0, 27], ids=["L9-exactly-the-levels", "L36-wider-than-needed"])
 def test_level_scales_of_any_width_match_float64(extra_columns):
@@ -228,7 +235,8 @@ def test_fp32_and_fp64_products_are_never_rounded_to_tf32(monkeypatch, dtype, al
 
     names = {step6_delta_chunks: ["delta_chunk_kernel"],
              step7_delta_levels: ["level_walk_kernel", "delta_output_kernel"],
-             step8_delta_backward: ["level_walk_bwd_kernel", "level_gram_kernel", "level_gram_grads_kernel",
+             step8_delta_backward: ["level_adjoint_walk_kernel", "slot_gram_kernel", "level_walk_bwd_kernel",
+                                    "level_gram_kernel", "level_gram_grads_kernel",
                                     "level_write_grad_kernel", "level_transition_grad_kernel",
                                     "level_read_grad_kernel", "delta_chunk_values_bwd_kernel",
                                     "delta_chunk_solve_bwd_kernel", "delta_chunk_qk_bwd_kernel"]}
@@ -236,7 +244,8 @@ def test_fp32_and_fp64_products_are_never_rounded_to_tf32(monkeypatch, dtype, al
         for name in names[module]:
             monkeypatch.setattr(module, name, Recorded(name, getattr(module, name)))
     q, k, v, lam, g, beta = (x.to(dtype).requires_grad_(True) for x in inputs(1, 40, 2, 2, 20, 8))
-    for config in (SMALL_TILES, DeltaLaunchConfig(key_tile=16, value_tile=16, gram_grads=False)):
+    for knobs in ({}, *BACKWARDS.values()):
+        config = DeltaLaunchConfig(key_tile=16, value_tile=16, **knobs)
         kernels.loglinear_gated_deltanet(q, k, v, lam, g, beta, chunk_size=16, config=config).sum().backward()
     assert {name for name, *_ in launched} == {name for module in names for name in names[module]}
     assert {p for _, *precisions in launched for p in precisions} <= allowed, launched
@@ -416,7 +425,7 @@ def test_benchmark_cpu_tier(tmp_path):
     assert work["forward_flops"] > 0 and work["backward_flops"] > work["forward_flops"]
 
 
-def test_level_gradient_value_tile_follows_the_precision():
+def test_level_gradient_knobs_follow_the_precision_and_are_checked():
     assert DeltaLaunchConfig().level_grad_value_tile() == 16
     assert DeltaLaunchConfig(precision="exact").level_grad_value_tile() == 32
     assert DeltaLaunchConfig(grad_value_tile=64).level_grad_value_tile() == 64
@@ -424,6 +433,8 @@ def test_level_gradient_value_tile_follows_the_precision():
         DeltaLaunchConfig(precision="exact", grad_value_tile=16)
     with pytest.raises(ValueError, match="power of two"):
         DeltaLaunchConfig(grad_value_tile=24)
+    with pytest.raises(ValueError, match="backward_walk must be"):
+        DeltaLaunchConfig(backward_walk="tree")
 
 
 @pytest.mark.parametrize("N", [1, 2, 3, 16, 17, 1024])

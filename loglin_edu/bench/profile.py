@@ -23,7 +23,7 @@ import torch
 
 from ..provenance import DEFAULT_RESULTS, device_slug, provenance, write_json
 from .implementations import IMPLEMENTATIONS
-from .settings import MATMUL_FLOPS, MODELS, SETTINGS, Setting, prepare
+from .settings import MATMUL_FLOPS, MODELS, SETTINGS, Setting, carried_levels, prepare
 
 OURS = {"loglinear_mamba2": "loglinear (ours, triton)", "gated_deltanet": "loglinear gated deltanet (ours, triton)"}
 PROFILED = {"loglinear_mamba2": (OURS["loglinear_mamba2"], "mamba2 linear (ours, triton step 1)",
@@ -58,7 +58,9 @@ def delta_kernel_work(B: int, T: int, s: Setting) -> dict[str, int]:
     """:func:`kernel_work` of log-linear Gated DeltaNet (kernels steps 6-8), in the terms of
     :func:`~loglin_edu.bench.settings.counted_work_delta`: a chunk transition or read is ``2·C·K·V`` flops
     (``ckv``); the WY factors' kernel forms everything per chunk but the intra product ``(P ⊙ Λ) V``, which the
-    output kernel forms; the level gradients are one ``2·K·K·V`` product per read for ``G``, four ``[C, K]``
+    output kernel forms; the stacked reverse walk one transition (``2·ckv``) per chunk and carried level
+    (:func:`~loglin_edu.bench.settings.carried_levels`) and ``ckv`` per read; the level gradients are one
+    ``2·K·K·V`` product per carried level for ``G``, four ``[C, K]``
     products by ``G`` or ``D_left`` per chunk, and ``ckv`` per read for the reads; the WY backward (three times the factors and the intra product) is
     split as its kernels run: four ``2·C·V`` products per token over the values, four ``2·C·K`` for dq and dk, the
     rest (the pass over the keys and the solve) in between."""
@@ -66,6 +68,7 @@ def delta_kernel_work(B: int, T: int, s: Setting) -> dict[str, int]:
     N = -(-T // C)
     n = (N - 1).bit_length()
     reads = sum(bin(c).count("1") for c in range(N))
+    carried = carried_levels(N)
     ckv = 2 * C * K * V
     intra = T * 2 * C * V
     factors = T * (4 * 2 * C * K + 2 * C * V + (C // 16 + 18) * 2 * C * C)
@@ -74,8 +77,8 @@ def delta_kernel_work(B: int, T: int, s: Setting) -> dict[str, int]:
         "delta_chunk_kernel": per_head * factors,
         "level_walk_kernel": per_head * n * N * 2 * ckv,
         "delta_output_kernel": per_head * (intra + reads * ckv),
-        "level_walk_bwd_kernel": per_head * (n * N * 2 * ckv + reads * ckv),
-        "level_gram_kernel": per_head * reads * 2 * K * K * V,
+        "level_adjoint_walk_kernel": per_head * (carried * 2 * ckv + reads * ckv),
+        "slot_gram_kernel": per_head * carried * 2 * K * K * V,
         "level_gram_grads_kernel": per_head * N * (2 * 2 * C * K * K + 2 * ckv),
         "level_read_grad_kernel": per_head * reads * ckv,
         "delta_chunk_values_bwd_kernel": per_head * 4 * intra,

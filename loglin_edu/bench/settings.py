@@ -128,6 +128,17 @@ def floor_ms(work: dict, backward: bool) -> float:
     return 1e3 * max(flops / MATMUL_FLOPS, nbytes / COPY_BYTES)
 
 
+def trailing_ones(c: int) -> int:
+    """How many low bits of ``c`` are set."""
+    return (c ^ (c + 1)).bit_length() - 1
+
+
+def carried_levels(N: int) -> int:
+    """Transitions of the stacked reverse walk over ``N`` chunks: chunk ``c < N - 1`` carries one level for its
+    trailing ones (if any), merged, and one for each set bit above them, ``popcount(c) - j + [j > 0]``."""
+    return sum(bin(c).count("1") - trailing_ones(c) + (trailing_ones(c) > 0) for c in range(N - 1))
+
+
 def counted_work_delta(B: int, T: int, s: Setting) -> dict:
     """:func:`counted_work` of the log-linear Gated DeltaNet schedule (kernels steps 6-8), per sequence and head:
 
@@ -135,10 +146,10 @@ def counted_work_delta(B: int, T: int, s: Setting) -> dict:
       (``2·C·V`` each), the solve and ``P`` (about ``(C/16 + 18)·2C²`` per token);
     - level walks: one chunk transition (``4·C·K·V``) per chunk and level, ``n·N`` of them; reads ``2·C·K·V``
       per stored state (``Σ_c popcount(c)``);
-    - backward: the reverse walks (``4·C·K·V`` per transition, ``2·C·K·V`` per read), the level gradients
-      (``2·K·K·V`` per read for ``G = Σ_ℓ D_ℓ S_ℓᵀ``, ``8·C·K·K + 4·C·K·V`` per chunk for the products of the
-      chunk's factors with it, ``2·C·K·V`` per read for the reads' own), the WY backward (about three times its
-      forward).
+    - backward: the stacked reverse walk (``4·C·K·V`` per transition, one per chunk and distinct level it
+      carries, :func:`carried_levels`; ``2·C·K·V`` per read), the level gradients (``2·K·K·V`` per carried level
+      for ``G = Σ_ℓ D_ℓ S_ℓᵀ``, ``8·C·K·K + 4·C·K·V`` per chunk for the products of the chunk's factors with it,
+      ``2·C·K·V`` per read for the reads' own), the WY backward (about three times its forward).
     """
     C, H, K, V = s.chunk_size, s.heads, s.key, s.value
     N = -(-T // C)
@@ -148,8 +159,9 @@ def counted_work_delta(B: int, T: int, s: Setting) -> dict:
     chunks = T * (4 * 2 * C * K + 2 * 2 * C * V + (C // 16 + 18) * 2 * C * C)
     walks = n * N * 2 * ckv
     forward = B * H * (chunks + walks + reads * ckv)
-    level_grads = reads * 2 * K * K * V + N * (2 * 2 * C * K * K + 2 * ckv) + reads * ckv
-    backward = B * H * (walks + reads * ckv + level_grads + 3 * chunks)
+    carried = carried_levels(N)
+    level_grads = carried * 2 * K * K * V + N * (2 * 2 * C * K * K + 2 * ckv) + reads * ckv
+    backward = B * H * (carried * 2 * ckv + reads * ckv + level_grads + 3 * chunks)
     size = torch.finfo(s.torch_dtype).bits // 8
     L = (T - 1).bit_length() + 1
     inputs = B * T * H * (2 * K + V + L + 2) * size
