@@ -187,6 +187,20 @@ def chunk_rows(x_ptr, first_ptr, i_c, i_bh, N, NX, C: tl.constexpr, KP, VP):
 
 
 @triton.jit
+def decayed_key_tiles(k_ptr, skt, gc_ptr, row0, t, T, K, C: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr):
+    """``(K̃₁, K̃₂)``: the chunk's keys decayed to its end, ``K̃ = diag(γ_C / γ) K``, in two key tiles (``[C, BK1]``,
+    ``[C, BK2]``; with one tile the second repeats the first). k at the head, tokens ``t`` (``< T`` valid); gc: the
+    cumulative decay, the chunk's rows from ``row0``."""
+    gc = tl.load(gc_ptr + row0 + tl.arange(0, C))
+    ratio = tl.exp(tl.load(gc_ptr + row0 + C - 1) - gc)
+    kt1 = load_tile(k_ptr, skt, t, T, tl.arange(0, BK1), K).to(gc.dtype) * ratio[:, None]
+    kt2 = kt1
+    if BK2 > 0:
+        kt2 = load_tile(k_ptr, skt, t, T, BK1 + tl.arange(0, BK2), K).to(gc.dtype) * ratio[:, None]
+    return kt1, kt2
+
+
+@triton.jit
 def level_write_grad_kernel(
     k_ptr, gc_ptr, x_ptr, first_ptr, d_ptr, dw_ptr, du_ptr, T, N, H, K, n_levels, NX, skb, skt, skh,
     C: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr, IP: tl.constexpr,
@@ -204,21 +218,17 @@ def level_write_grad_kernel(
     d_ptr += (i_bh.to(tl.int64) * N + i_c) * n_levels * KP * VP  # the chunk's adjoints, [n_levels, KP, VP]
     k_ptr += (i_bh // H).to(tl.int64) * skb + (i_bh % H) * skh
     rc, r1 = tl.arange(0, C), tl.arange(0, BK1)
-    t = i_c * C + rc
-    gc = tl.load(gc_ptr + row0 + rc)
-    ratio = tl.exp(tl.load(gc_ptr + row0 + C - 1) - gc)
-    kt1 = load_tile(k_ptr, skt, t, T, r1, K).to(gc.dtype) * ratio[:, None]
-    d_w1 = tl.zeros((C, BK1), dtype=gc.dtype)
+    kt1, kt2 = decayed_key_tiles(k_ptr, skt, gc_ptr, row0, i_c * C + rc, T, K, C, BK1, BK2)
+    d_w1 = tl.zeros((C, BK1), dtype=kt1.dtype)
     if BK2 > 0:
         r2 = BK1 + tl.arange(0, BK2)
-        kt2 = load_tile(k_ptr, skt, t, T, r2, K).to(gc.dtype) * ratio[:, None]
-        d_w2 = tl.zeros((C, BK2), dtype=gc.dtype)
+        d_w2 = tl.zeros((C, BK2), dtype=kt1.dtype)
     for i_v in range(VP // BV):
         rv = i_v * BV + tl.arange(0, BV)
-        d_u = tl.zeros((C, BV), dtype=gc.dtype)
-        z1 = tl.zeros((BK1, BV), dtype=gc.dtype)
+        d_u = tl.zeros((C, BV), dtype=kt1.dtype)
+        z1 = tl.zeros((BK1, BV), dtype=kt1.dtype)
         if BK2 > 0:
-            z2 = tl.zeros((BK2, BV), dtype=gc.dtype)
+            z2 = tl.zeros((BK2, BV), dtype=kt1.dtype)
         slot = first
         for level in range(1, n_levels + 1):
             if ((i_c >> level) << level) + (1 << (level - 1)) < N:  # this level's walk passes through chunk i_c
@@ -516,16 +526,12 @@ def level_gram_grads_kernel(
         left_rows = KP
     k_ptr += (i_bh // H).to(tl.int64) * skb + (i_bh % H) * skh
     rc, r1 = tl.arange(0, C), tl.arange(0, BK1)
-    t = i_c * C + rc
-    gc = tl.load(gc_ptr + row0 + rc)
-    ratio = tl.exp(tl.load(gc_ptr + row0 + C - 1) - gc)
-    kt1 = load_tile(k_ptr, skt, t, T, r1, K).to(gc.dtype) * ratio[:, None]
+    kt1, kt2 = decayed_key_tiles(k_ptr, skt, gc_ptr, row0, i_c * C + rc, T, K, C, BK1, BK2)
     w1 = load_rows(w_ptr + row0 * KP, KP, rc, r1)
     d_w1 = -tl.dot(kt1, gram_block(gram_ptr, r1, r1, KP), input_precision=IP)
     d_kt1 = -tl.dot(w1, tl.trans(gram_block(gram_ptr, r1, r1, KP)), input_precision=IP)
     if BK2 > 0:
         r2 = BK1 + tl.arange(0, BK2)
-        kt2 = load_tile(k_ptr, skt, t, T, r2, K).to(gc.dtype) * ratio[:, None]
         w2 = load_rows(w_ptr + row0 * KP, KP, rc, r2)
         d_w1 -= tl.dot(kt2, gram_block(gram_ptr, r2, r1, KP), input_precision=IP)
         d_w2 = -tl.dot(kt1, gram_block(gram_ptr, r1, r2, KP), input_precision=IP)
