@@ -298,6 +298,9 @@ class DeltaLaunchConfig:
     backward_walk: ``"stacked"``, one reverse walk per value tile carrying every live level's adjoint at once (step
         8's ``level_adjoint_walk_kernel``), or ``"levels"``, one reverse walk per level and block, all at once
         (``level_walk_bwd_kernel``);
+    adjoint_value_tile: the value columns one program of the stacked reverse walk carries, at most ``value_tile``
+        (``None``: ``value_tile``): narrower tiles give the walk more programs and shorter steps, without changing
+        the forward's walks;
     gram_grads: with ``backward_walk="levels"``, the level gradients of the chunk factors through one ``K × K``
         product per chunk, ``G = Σ_ℓ D_ℓ S_ℓᵀ`` (``level_gram_kernel``); ``False``: level by level
         (``level_write_grad_kernel`` and ``level_transition_grad_kernel``).
@@ -313,6 +316,7 @@ class DeltaLaunchConfig:
     num_stages: int = 1
     precision: str = "fast"
     backward_walk: str = "stacked"
+    adjoint_value_tile: int | None = None
     gram_grads: bool = True
 
     def __post_init__(self) -> None:
@@ -320,7 +324,7 @@ class DeltaLaunchConfig:
             raise ValueError(f"precision must be one of {DELTA_PRECISIONS}, got {self.precision!r}")
         if self.backward_walk not in ("stacked", "levels"):
             raise ValueError(f"backward_walk must be 'stacked' or 'levels', got {self.backward_walk!r}")
-        for name in ("key_tile", "value_tile", "grad_value_tile"):
+        for name in ("key_tile", "value_tile", "grad_value_tile", "adjoint_value_tile"):
             width = getattr(self, name)
             if width is not None and (width < 16 or width & (width - 1)):
                 raise ValueError(f"{name} must be a power of two >= 16, got {width}")

@@ -894,10 +894,11 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
     gram_launch = dict(KP=KP, GK=GK, BV=BV, VP=VP, IP=IP, num_warps=config.grad_warps, num_stages=config.num_stages)
     if config.backward_walk == "stacked":
         d_left = torch.empty_like(states)  # the adjoints of the read states, in their slots
-        level_adjoint_walk_kernel[(NV, B * H)](
+        BVA = min(BV, config.adjoint_value_tile or BV)  # a power of two dividing VP
+        level_adjoint_walk_kernel[(VP // BVA, B * H)](
             k, chunks.w, chunks.query, chunks.gc, level_scales, do, first, d_left, T, N, H, K, V, L, n_levels, NX,
             k.stride(0), k.stride(1), sqh, *lam_strides, *do_strides,
-            C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BK2P=max(BK2, 16), BV=BV, VP=VP, IP=IP,
+            C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BK2P=max(BK2, 16), BV=BVA, VP=VP, IP=IP,
             num_warps=config.walk_warps, num_stages=config.num_stages,
         )
         slot_gram_kernel[((KP // GK) ** 2, N, B * H)](d_left, states, first, gram, d_gamma_parts, N, n_levels, NX,

@@ -157,20 +157,21 @@ def test_forward_and_every_gradient_match_float64(B, T, H, Hk, K, V, C, config):
     )
 
 
-BACKWARDS = {"levels-gram": dict(backward_walk="levels"), "levels": dict(backward_walk="levels", gram_grads=False)}
+BACKWARDS = {"levels-gram": dict(backward_walk="levels"), "levels": dict(backward_walk="levels", gram_grads=False),
+             "stacked-narrow": dict(value_tile=32, adjoint_value_tile=16)}
 
 
 @pytest.mark.parametrize("K, V", [(24, 40), (16, 32)], ids=["two-key-tiles", "one-key-tile"])
 @pytest.mark.parametrize("backward", list(BACKWARDS))
 def test_the_backward_schedules_agree_to_round_off(K, V, backward):
     """The default backward (one reverse walk carrying every live level, the chunk factors' gradients through one
-    ``K × K`` product per chunk) against the walks per level and block, with the Gram product or level by level:
-    in float64 the same gradients to round-off (10 chunks: four levels, left and right halves, a last block cut
-    short)."""
+    ``K × K`` product per chunk) against the walks per level and block, with the Gram product or level by level,
+    and against the stacked walk on value tiles narrower than the rest of the kernels': in float64 the same
+    gradients to round-off (10 chunks: four levels, left and right halves, a last block cut short)."""
     args = inputs(1, 150, 2, 2, K, V, seed=K)
     runs = []
     for knobs in ({}, BACKWARDS[backward]):
-        config = DeltaLaunchConfig(key_tile=16, value_tile=16, **knobs)
+        config = DeltaLaunchConfig(**{"key_tile": 16, "value_tile": 16, **knobs})
         runs.append(grads_of(lambda *a: kernels.loglinear_gated_deltanet(*a, chunk_size=16, config=config), args))
     (out, grads), (ref, ref_grads) = runs
     assert_close(out, ref, rtol=1e-13, what="o")
@@ -245,7 +246,7 @@ def test_fp32_and_fp64_products_are_never_rounded_to_tf32(monkeypatch, dtype, al
             monkeypatch.setattr(module, name, Recorded(name, getattr(module, name)))
     q, k, v, lam, g, beta = (x.to(dtype).requires_grad_(True) for x in inputs(1, 40, 2, 2, 20, 8))
     for knobs in ({}, *BACKWARDS.values()):
-        config = DeltaLaunchConfig(key_tile=16, value_tile=16, **knobs)
+        config = DeltaLaunchConfig(**{"key_tile": 16, "value_tile": 16, **knobs})
         kernels.loglinear_gated_deltanet(q, k, v, lam, g, beta, chunk_size=16, config=config).sum().backward()
     assert {name for name, *_ in launched} == {name for module in names for name in names[module]}
     assert {p for _, *precisions in launched for p in precisions} <= allowed, launched
@@ -435,6 +436,8 @@ def test_level_gradient_knobs_follow_the_precision_and_are_checked():
         DeltaLaunchConfig(grad_value_tile=24)
     with pytest.raises(ValueError, match="backward_walk must be"):
         DeltaLaunchConfig(backward_walk="tree")
+    with pytest.raises(ValueError, match="adjoint_value_tile must be a power of two"):
+        DeltaLaunchConfig(adjoint_value_tile=48)
 
 
 @pytest.mark.parametrize("N", [1, 2, 3, 16, 17, 1024])
