@@ -474,6 +474,43 @@ def test_a_merge_takes_the_jobs_its_folder_lacks_from_earlier_merged_files(tmp_p
     assert [j["seconds"] for j in again["jobs"]] == [everything["tiers"]["gpu/mqar"]["jobs"][0]["seconds"], 123.0]
 
 
+def test_a_cells_seeds_trained_as_separate_jobs_merge_into_one_cell(tmp_path):
+    """Jobs of some seeds each (folders ``model-dWIDTH-sSEEDS``) merge into the cell one job of all seeds gives:
+    the same chosen rates, accuracies and validation curve (a member's batches depend on its seed alone); a seed
+    from an earlier merged file joins them; a seed trained by two jobs of the folder is refused."""
+    from loglin_edu.experiments.mqar.jobs import grid, job_folder
+
+    tier = replace(TINY, models=("transformer",), seeds=(0, 1))
+    assert grid({"gpu/mqar": replace(tier, seeds=(1,))}, by_seeds=True) == [("gpu/mqar", "transformer", 16, (1,))]
+    assert job_folder(tmp_path, ("gpu/mqar", "transformer", 16, (0, 1))).name == "transformer-d16-s0-1"
+    experiment.run_job(tier, "transformer", 16, out_dir=job_folder(tmp_path / "all", ("gpu/mqar", "transformer", 16)),
+                       device="cpu", progress=False)
+    for seed in tier.seeds:
+        folder = job_folder(tmp_path / "apart", ("gpu/mqar", "transformer", 16, (seed,)))
+        experiment.run_job(replace(tier, seeds=(seed,)), "transformer", 16, device="cpu", progress=False,
+                           out_dir=folder, name=folder.name)
+    together = experiment.merge({"gpu/mqar": tier}, tmp_path / "all", device="cpu")["tiers"]["gpu/mqar"]
+    apart = experiment.merge({"gpu/mqar": tier}, tmp_path / "apart", device="cpu")
+    cell = apart["tiers"]["gpu/mqar"]
+    assert [j["name"] for j in cell["jobs"]] == ["transformer-d16-s0", "transformer-d16-s1"]
+    key = lambda r: (r["seed"], r["lr"], r["step"])  # noqa: E731
+    assert [key(r) for r in cell["best"]] == [key(r) for r in together["best"]]
+    for a, b in zip(cell["best"], together["best"]):
+        assert a["accuracy"] == pytest.approx(b["accuracy"], abs=1e-6)
+    steps, curve = experiment.validation_curve(cell, "transformer", 16)
+    assert steps == experiment.validation_curve(together, "transformer", 16)[0] and len(steps) > 1
+    assert curve == pytest.approx(experiment.validation_curve(together, "transformer", 16)[1], abs=1e-4)
+    (tmp_path / "merged.json").write_text(json.dumps(apart))
+    shutil.rmtree(job_folder(tmp_path / "apart", ("gpu/mqar", "transformer", 16, (0,))))
+    joined = experiment.merge({"gpu/mqar": tier}, tmp_path / "apart", device="cpu",
+                              include=[tmp_path / "merged.json"])["tiers"]["gpu/mqar"]
+    assert [j["name"] for j in joined["jobs"]] == ["transformer-d16-s1", "transformer-d16-s0"]
+    assert [key(r) for r in joined["best"]] == [key(cell["best"][1]), key(cell["best"][0])]
+    shutil.copytree(job_folder(tmp_path / "all", ("gpu/mqar", "transformer", 16)),
+                    job_folder(tmp_path / "apart", ("gpu/mqar", "transformer", 16, (0, 1))))
+    with pytest.raises(ValueError, match=r"seeds \[1\] of transformer-d16 were trained by two jobs"):
+        experiment.merge({"gpu/mqar": tier}, tmp_path / "apart", device="cpu")
+
 def test_fixed_totals_are_written_once_and_kept(tmp_path):
     """A piece given fixed totals writes each job's total into its plan; the same total again is accepted, and a job
     planned for another total is refused (its learning-rate schedule depends on the total)."""
@@ -501,9 +538,13 @@ def test_the_command_line_fixes_totals_only_when_given_steps(tmp_path, monkeypat
             "--budget-s", "100"]
     cli.main(base + ["--steps", "7000"])
     cli.main(base)
-    (fixed_tiers, fixed), (_, planned) = calls
+    cli.main(base + ["--seeds", "2"])
+    (fixed_tiers, fixed), (_, planned), (seed_tiers, by_seed) = calls
     assert fixed["fixed"] and fixed_tiers["gpu/mqar"].train.steps == 7000 and fixed["budget_s"] == 100
-    assert not planned["fixed"]
+    assert not planned["fixed"] and not planned["by_seeds"] and not fixed["by_seeds"]
+    assert by_seed["by_seeds"] and seed_tiers["gpu/mqar"].seeds == (2,)
+    with pytest.raises(SystemExit):
+        cli.main(base + ["--merge", "--seeds", "2"])
 
 
 def test_a_step_mode_from_the_benchmark_reaches_lambda_tied_jobs(tmp_path, monkeypatch):

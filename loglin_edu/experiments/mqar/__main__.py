@@ -11,6 +11,10 @@
     # a fixed total longer than one call: the same command again continues every job toward it
     python -m loglin_edu.experiments.mqar --tier gpu --task mqar --steps 15000 --budget-s 540 --out runs/recall
 
+    # a cell's seeds as jobs of their own, each short enough for one call; the merge joins them
+    python -m loglin_edu.experiments.mqar --tier gpu --task mqar --widths 32 --models gated_deltanet --seeds 0 \
+        --steps 20000 --budget-s 540 --out runs/recall
+
     # two GPUs of one host: one piece each (disjoint --models), one --out, the same fixed --steps for all
     CUDA_VISIBLE_DEVICES=0 python -m loglin_edu.experiments.mqar --tier gpu --models transformer,mamba2 ... &
     CUDA_VISIBLE_DEVICES=1 python -m loglin_edu.experiments.mqar --tier gpu --models loglinear_mamba2 ... &
@@ -113,7 +117,8 @@ def main(argv: list[str] | None = None) -> None:
                                                        "trains most within --budget-s (compilation counted)")
     parser.add_argument("--models", help="comma-separated subset of " + ",".join(MODELS) + " (and *_tied variants)")
     parser.add_argument("--widths", help="comma-separated model widths")
-    parser.add_argument("--seeds", help="comma-separated seeds")
+    parser.add_argument("--seeds", help="comma-separated seeds (gpu tier: jobs of these seeds only, in folders named "
+                                        "by them, model-dWIDTH-sSEEDS; a merge, without --seeds, joins a cell's jobs)")
     parser.add_argument("--lrs", help="comma-separated peak learning rates")
     parser.add_argument("--steps", type=int, help="total steps of every job (fixed: no planning, kept in each job's "
                                                   "plan.json; with --budget-s a piece stops at its deadline and the "
@@ -158,6 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.out is None:
         parser.error("the gpu tier needs --out (its run folder)")
     tiers = {name: choose_tier(args, name) for name in TASKS[args.task]}
+    if args.merge and args.seeds:
+        parser.error("--merge joins the jobs of every seed of a cell: leave --seeds out")
     if args.merge:
         merged = merge(tiers, args.out, device=device, commit=args.commit, command=command, include=args.include)
         destination = (args.results or args.out) / MERGED
@@ -176,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
         modes = {base_model(m): mode for t in tiers.values() for m in t.models}
         print(f"step mode of every job: {mode} (from {args.mode_from})", flush=True)
     done = run_piece(tiers, args.out, device, budget_s=args.budget_s, modes=modes, jobs=args.jobs,
-                     fixed=args.steps is not None)
+                     fixed=args.steps is not None, by_seeds=args.seeds is not None)
     print(f"{len(done)} jobs of {', '.join(slug(n) for n in tiers)} in {args.out}; merge with --merge", flush=True)
 
 

@@ -69,16 +69,24 @@ class FilePlanner:
             time.sleep(PLAN_WAIT_S)
 
 
-def job_name(model: str, width: int) -> str:
-    return f"{model}-d{width}"
+def job_name(model: str, width: int, seeds: tuple[int, ...] | None = None) -> str:
+    """``model-dWIDTH``, or ``model-dWIDTH-s0-1`` for a job of only the seeds named (a cell's seeds can be
+    trained as several jobs, each short enough for the time one machine is held; a merge joins them)."""
+    return f"{model}-d{width}" + ("" if seeds is None else "-s" + "-".join(str(s) for s in seeds))
+
+
+def job_label(job: tuple) -> str:
+    """``tier/model-dWIDTH[-sSEEDS]`` of a job ``(tier name, model, width[, seeds])``."""
+    return f"{slug(job[0])}/{job_name(*job[1:])}"
 
 
 def run_job(tier: Tier, model: str, width: int, *, out_dir: Path | None, device: str, progress: bool = True,
             sets=None, stop_at: int | None = None, deadline: float | None = None, data_cache: Path | None = None,
-            planner=None) -> dict[str, Any]:
+            planner=None, name: str | None = None) -> dict[str, Any]:
     """Train one ensemble (every seed and learning rate of ``tier``) of ``model`` at ``width``; with ``out_dir``
     its results file ``record.json`` is rewritten after every evaluation. The record names the machine it trained
-    on (``trained_on``: device, commit, library versions), which a merge on another machine keeps."""
+    on (``trained_on``: device, commit, library versions), which a merge on another machine keeps; ``name``: the
+    record's (default :func:`job_name` of model and width)."""
     train_sets, validation_sets, test_sets = sets if sets is not None else make_sets(tier.data, data_cache)
     members = [Member(seed, lr) for seed in tier.seeds for lr in tier.lrs]
     config = model_config(tier, model, width)
@@ -88,9 +96,10 @@ def run_job(tier: Tier, model: str, width: int, *, out_dir: Path | None, device:
     def save(record: dict[str, Any]) -> None:
         write_json(out_dir / "record.json", {**record, **extra})
 
-    record = train(config, members, train_sets, test_sets, tier.train, out_dir=out_dir, name=job_name(model, width),
-                   device=device, progress=progress, stop_at=stop_at, deadline=deadline,
-                   validation_sets=validation_sets, planner=planner, on_evaluation=save if out_dir is not None else None)
+    record = train(config, members, train_sets, test_sets, tier.train, out_dir=out_dir,
+                   name=name or job_name(model, width), device=device, progress=progress, stop_at=stop_at,
+                   deadline=deadline, validation_sets=validation_sets, planner=planner,
+                   on_evaluation=save if out_dir is not None else None)
     record.update(extra)
     return record
 
@@ -110,9 +119,11 @@ def run_tier(name: str, tier: Tier, *, out: Path | None, device: str, progress: 
     return result
 
 
-def grid(tiers: dict[str, Tier]) -> list[tuple[str, str, int]]:
-    """Every job ``(tier name, model, width)`` of ``tiers``, the slowest models and widest first."""
-    jobs = [(n, m, w) for n, t in tiers.items() for w in t.widths for m in t.models]
+def grid(tiers: dict[str, Tier], by_seeds: bool = False) -> list[tuple]:
+    """Every job ``(tier name, model, width)`` of ``tiers``, the slowest models and widest first; ``by_seeds``: jobs
+    of the tiers' seeds only, ``(tier name, model, width, seeds)``, in folders named by them (:func:`job_name`)."""
+    jobs = [(n, m, w) + ((tuple(t.seeds),) if by_seeds else ()) for n, t in tiers.items() for w in t.widths
+            for m in t.models]
     return sorted(jobs, key=lambda job: (SLOWEST_FIRST[base_model(job[1])], -job[2]))
 
 
@@ -120,8 +131,8 @@ def slug(name: str) -> str:
     return name.replace("/", "-")
 
 
-def job_folder(out: Path, job: tuple[str, str, int]) -> Path:
-    return out / slug(job[0]) / job_name(job[1], job[2])
+def job_folder(out: Path, job: tuple) -> Path:
+    return out / slug(job[0]) / job_name(*job[1:])
 
 
 def plan_steps(timings: dict[Any, float], fixed_seconds: float, seconds_left: float, cap: int, floor: int) -> int:
@@ -144,13 +155,13 @@ def fix_totals(tiers: dict[str, Tier], out: Path, todo: list[tuple[str, str, int
             continue
         planned = json.loads(path.read_text())["steps"]
         if planned != steps:
-            raise ValueError(f"{slug(job[0])}/{job_name(job[1], job[2])} is planned for {planned} steps, not "
+            raise ValueError(f"{job_label(job)} is planned for {planned} steps, not "
                              f"{steps}: give it its own total, or start another run folder")
 
 
 def run_piece(tiers: dict[str, Tier], out: Path, device: str, *, budget_s: float | None = None,
               modes: dict[str, str] | None = None, jobs: int | None = None,
-              fixed: bool = False) -> list[tuple[str, str, int]]:
+              fixed: bool = False, by_seeds: bool = False) -> list[tuple]:
     """One piece: every job of ``tiers`` in its own worker process on one device (module docstring).
 
     budget_s: the piece's wall-clock seconds (None: no deadline, and totals are the tiers' own steps); modes:
@@ -158,11 +169,13 @@ def run_piece(tiers: dict[str, Tier], out: Path, device: str, *, budget_s: float
     its model's; default: the tier's);
     jobs: at most this many at once (with a budget every job must run at once); fixed: every job's total is its
     tier's ``train.steps`` (:func:`fix_totals`; nothing is planned, and a budget sets only the deadline, so
-    several pieces in a row train one fixed total). Returns the jobs it ran.
+    several pieces in a row train one fixed total); by_seeds: each job trains the tiers' seeds only, in a folder
+    named by them, so that other seeds of the same cells can train as other jobs (:func:`grid`). Returns the jobs
+    it ran.
     """
     start = time.time()
     deadline = None if budget_s is None else start + budget_s - FINISH_S
-    todo = grid(tiers)
+    todo = grid(tiers, by_seeds)
     jobs = len(todo) if jobs is None else jobs
     if budget_s is not None and jobs < len(todo):
         raise ValueError(f"a budget shares the device among every job at once: jobs={jobs} < {len(todo)} jobs")
@@ -189,7 +202,7 @@ def run_piece(tiers: dict[str, Tier], out: Path, device: str, *, budget_s: float
         for job, proc in list(running.items()):
             if proc.poll() is not None:
                 del running[job]
-                print(f"[{time.strftime('%H:%M:%S')}] {slug(job[0])} {job_name(job[1], job[2])} exit {proc.returncode}",
+                print(f"[{time.strftime('%H:%M:%S')}] {job_label(job)} exit {proc.returncode}",
                       flush=True)
         if not planned:
             planned = plan_piece(tiers, out, todo, unplanned, running, deadline, waited=time.time() - start,
@@ -221,7 +234,7 @@ def plan_piece(tiers, out: Path, todo, unplanned, running, deadline: float, *, w
     for job in unplanned:
         write_json(job_folder(out, job) / "plan.json",
                    dict(steps=min(steps, tiers[job[0]].train.steps), seconds_left=left, fixed_seconds=fixed,
-                        step_seconds={f"{slug(j[0])}/{job_name(j[1], j[2])}": s for j, s in new.items()},
+                        step_seconds={job_label(j): s for j, s in new.items()},
                         share=PLAN_SHARE, date=time.strftime("%Y-%m-%d %H:%M:%S")))
     total = sum(new.values())
     print(f"[{time.strftime('%H:%M:%S')}] plan: {len(new)} jobs, {1e3 * total:.0f} ms per step of all of them, "
@@ -257,52 +270,79 @@ def worker(tier: Tier, model: str, width: int, job_dir: Path, device: str, *, de
            stop_at: int | None = None) -> dict[str, Any]:
     """What a worker process runs: its job, from the tier's shared data, planned or not."""
     planner = FilePlanner(job_dir) if plan else None
-    return run_job(tier, model, width, out_dir=job_dir, device=device, progress=False,
+    return run_job(tier, model, width, out_dir=job_dir, device=device, progress=False, name=job_dir.name,
                    data_cache=job_dir.parent / "data.pt", deadline=deadline, planner=planner, stop_at=stop_at)
 
 
-def included_records(name: str, paths: list[Path]) -> dict[tuple[str, int], dict[str, Any]]:
+def record_seeds(record: dict[str, Any]) -> set[int]:
+    """The seeds a job record trained (of its members)."""
+    return {m["seed"] for m in record.get("members", [])}
+
+
+def included_records(name: str, paths: list[Path]) -> dict[tuple[str, int], list[dict[str, Any]]]:
     """The job records of tier ``name`` in merged results files (their ``tiers[name]["jobs"]``), by
-    ``(model, width)``; a job in several files is taken from the first. Files without the tier add nothing."""
-    records: dict[tuple[str, int], dict[str, Any]] = {}
+    ``(model, width)``: a cell may have several, of different seeds; a record whose seeds an earlier file (or an
+    earlier record) already gave is left out, and so are records of jobs never run. Files without the tier add
+    nothing."""
+    records: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for path in paths:
         tier = json.loads(Path(path).read_text())["tiers"].get(name)
         for record in (tier or {}).get("jobs", []):
-            records.setdefault((record["model_name"], record["width"]), record)
+            cell = records.setdefault((record["model_name"], record["width"]), [])
+            seeds = record_seeds(record)
+            if record.get("not_run") or not seeds or any(seeds & record_seeds(r) for r in cell):
+                continue
+            cell.append(record)
     return records
 
 
+def folder_record(folder: Path, model: str, width: int) -> dict[str, Any]:
+    """The record of the job in ``folder``: its ``record.json`` (with its ``plan.json``), or, for a job that never
+    reached an evaluation, a record with none and ``complete`` False. A job that stopped early and was not stopped
+    by its deadline (it failed, or was killed) gets the end of its ``stdout.txt`` as ``error``."""
+    path = folder / "record.json"
+    stdout = folder / "stdout.txt"
+    tail = stdout.read_text().strip().splitlines()[-1:] if stdout.exists() else []
+    if path.exists():
+        record = json.loads(path.read_text())
+    else:
+        record = dict(name=folder.name, model_name=model, width=width, members=[], history=[], final=[],
+                      complete=False, steps_done=0)
+    if not record["complete"] and not record.get("stopped_by_deadline"):
+        record["error"] = tail[0] if tail else "stopped without output (killed?)"
+    plan = folder / "plan.json"
+    if plan.exists():
+        record["plan"] = json.loads(plan.read_text())
+    return record
+
+
 def assemble(name: str, tier: Tier, out: Path, include: list[Path] = ()) -> list[dict[str, Any]]:
-    """The records of a tier's jobs, read from their folders, or else from the merged results files ``include``
-    (jobs trained by an earlier run, on another machine, or whose folders are gone). A job found in neither (it
-    never reached an evaluation) gets a record with no evaluation and ``complete`` False; a job that stopped
-    early and was not stopped by its deadline (it failed, or was killed) gets the end of its ``stdout.txt`` as
-    ``error``; a job with no folder either has not been run: ``not_run`` True."""
+    """The records of a tier's jobs, read from their folders (a cell's job of all seeds, ``model-dWIDTH``, and its
+    jobs of some seeds, ``model-dWIDTH-s...``), and, for the seeds no folder has, from the merged results files
+    ``include`` (jobs trained by an earlier run, on another machine, or whose folders are gone).
+
+    A cell's records must not share a seed (``ValueError``). A folder whose job never reached an evaluation counts
+    only where nothing else gives the cell a result (:func:`folder_record`); a cell found nowhere has not been
+    run: one record with ``not_run`` True."""
     earlier = included_records(name, list(include))
     records = []
     for w in tier.widths:
         for m in tier.models:
-            folder = job_folder(out, (name, m, w))
-            path = folder / "record.json"
-            stdout = folder / "stdout.txt"
-            tail = stdout.read_text().strip().splitlines()[-1:] if stdout.exists() else []
-            if not path.exists() and (m, w) in earlier:
-                records.append(earlier[(m, w)])
-                continue
-            if path.exists():
-                record = json.loads(path.read_text())
-            else:
-                record = dict(name=job_name(m, w), model_name=m, width=w, members=[], history=[], final=[],
-                              complete=False, steps_done=0)
-                if not folder.exists():
-                    records.append({**record, "not_run": True})
-                    continue
-            if not record["complete"] and not record.get("stopped_by_deadline"):
-                record["error"] = tail[0] if tail else "stopped without output (killed?)"
-            plan = folder / "plan.json"
-            if plan.exists():
-                record["plan"] = json.loads(plan.read_text())
-            records.append(record)
+            plain = job_folder(out, (name, m, w))
+            folders = [plain] + sorted(plain.parent.glob(f"{plain.name}-s*")) if plain.parent.exists() else []
+            found = [folder_record(f, m, w) for f in folders if f.exists()]
+            evaluated = [r for r in found if r["members"]]
+            seen: set[int] = set()
+            for record in evaluated:
+                if seen & record_seeds(record):
+                    raise ValueError(f"{name}: seeds {sorted(seen & record_seeds(record))} of {job_name(m, w)} were "
+                                     "trained by two jobs of the run folder")
+                seen |= record_seeds(record)
+            cell = evaluated + [r for r in earlier.get((m, w), []) if not seen & record_seeds(r)]
+            if not cell:
+                cell = found[:1] or [dict(name=job_name(m, w), model_name=m, width=w, members=[], history=[],
+                                          final=[], complete=False, steps_done=0, not_run=True)]
+            records.extend(cell)
     return records
 
 

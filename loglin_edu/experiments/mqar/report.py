@@ -74,12 +74,12 @@ def cell_summary(result: dict[str, Any], model: str, width: int) -> dict[str, An
 
 def validation_curve(result: dict[str, Any], model: str, width: int) -> tuple[list[int], list[float]]:
     """Learning curve of a cell: at every evaluation, the validation accuracy (%) averaged over seeds, each seed at
-    the learning rate finally chosen for it."""
+    the learning rate finally chosen for it (from every job of the cell: its seeds may have trained apart)."""
     chosen = {r["seed"]: r["lr"] for r in result["best"] if r["model"] == model and r["width"] == width}
-    job = next((j for j in result["jobs"] if j["model_name"] == model and j["width"] == width), None)
-    if job is None or not chosen:
+    jobs = [j for j in result["jobs"] if j["model_name"] == model and j["width"] == width]
+    if not jobs or not chosen:
         return [], []
-    lines = [h for h in job["history"] if chosen.get(h["seed"]) == h["lr"] and "validation" in h]
+    lines = [h for job in jobs for h in job["history"] if chosen.get(h["seed"]) == h["lr"] and "validation" in h]
     steps = sorted({h["step"] for h in lines})
     means = [100 * sum(h["validation"]["accuracy"] for h in lines if h["step"] == s) /
              sum(1 for h in lines if h["step"] == s) for s in steps]
