@@ -32,9 +32,9 @@ the right half, where they are read: ``X_{c,ℓ} = S``, ``o += diag(λ_ℓ) quer
    ``D_left = A_{c+1,j+1}`` (``j`` the trailing ones of ``c``; :func:`slot_gram_kernel`); from the walks per
    level, since ``Z`` is a running sum, ``G = Σ_{a read} (D_a + Σ_{ℓ > a, left} D_ℓ) X_aᵀ``
    (:func:`level_gram_kernel`): either way at most ``popcount(c)`` products of a ``[K, V]`` pair per chunk,
-   however many levels pass through it, in ``K × K`` blocks of up to 64; then :func:`level_gram_grads_kernel`. The reads need one product each,
-   ``M = dO Xᵀ`` (``[C, K]``), for both of theirs: ``dquery += diag(λ_ℓ) M`` and ``dλ = rowsum(query ⊙ M)``
-   (:func:`level_read_grad_kernel`). With the walks per level, ``DeltaLaunchConfig(gram_grads=False)`` forms
+   however many levels pass through it, in ``K × K`` blocks of up to 64; then :func:`level_gram_grads_kernel`.
+   The reads need one product each, ``M = dO Xᵀ`` (``[C, K]``), for both of theirs: ``dquery += diag(λ_ℓ) M``
+   and ``dλ = rowsum(query ⊙ M)`` (:func:`level_read_grad_kernel`). With the walks per level, ``DeltaLaunchConfig(gram_grads=False)`` forms
    the first four level by level instead, one launch per kind of output (:func:`level_write_grad_kernel`: dW, dU₀;
    :func:`level_transition_grad_kernel`: dK̃, dγ_C), each program holding one ``[C, K]`` accumulator over all of K.
 3. the WY backward, per chunk, through the WY form of step 6 to ``q, k, v, β`` and the within-chunk cumulative
@@ -57,9 +57,9 @@ Memory: the adjoints are ``Σ_c popcount(c)`` blocks of ``K × V`` per head (fp3
 level, plus ``D_left``, one more per chunk), and ``G``, one ``K × K`` block per chunk, alive during the backward
 only; the WY backward hands two ``C × C`` pairs per chunk from launch to launch.
 Work: the stacked reverse walk makes one transition per chunk and distinct level (about half the forward
-walks'; the walks per level as many as the forward's), and one product per read; the level gradients one ``[K, V] × [V, K]`` product
-per chunk and read, four ``[C, K] × [K, K or V]`` products per chunk, and one ``[C, V] × [V, K]`` product per
-read (level by level: four ``[C, K] × [K, V]``-sized products per chunk and level).
+walks'; the walks per level as many as the forward's), and one product per read; the level gradients one
+``[K, V] × [V, K]`` product per chunk and carried level, four ``[C, K] × [K, K or V]`` products per chunk, and one
+``[C, V] × [V, K]`` product per read (level by level: four ``[C, K] × [K, V]``-sized products per chunk and level).
 """
 
 from __future__ import annotations
@@ -542,11 +542,13 @@ def level_gram_grads_kernel(
     for i_v in range(VP // BV):
         rv = i_v * BV + tl.arange(0, BV)
         u = load_rows(u_ptr + row0 * VP, VP, rc, rv)
-        left1 = tl.load(dleft_ptr + r1[:, None] * VP + rv[None, :], mask=(r1[:, None] < left_rows) & (rv[None, :] < VP), other=0.0)
+        left1 = tl.load(dleft_ptr + r1[:, None] * VP + rv[None, :],
+                        mask=(r1[:, None] < left_rows) & (rv[None, :] < VP), other=0.0)
         d_kt1 += tl.dot(u, tl.trans(left1), input_precision=IP)
         d_u = tl.dot(kt1, left1, input_precision=IP)
         if BK2 > 0:
-            left2 = tl.load(dleft_ptr + r2[:, None] * VP + rv[None, :], mask=(r2[:, None] < left_rows) & (rv[None, :] < VP), other=0.0)
+            left2 = tl.load(dleft_ptr + r2[:, None] * VP + rv[None, :],
+                            mask=(r2[:, None] < left_rows) & (rv[None, :] < VP), other=0.0)
             d_kt2 += tl.dot(u, tl.trans(left2), input_precision=IP)
             d_u += tl.dot(kt2, left2, input_precision=IP)
         store_rows(du_ptr + row0 * VP, VP, rc, rv, d_u)
