@@ -295,6 +295,8 @@ class DeltaLaunchConfig:
     num_stages: software-pipelining stages of every loop (1: none; more prefetch the next chunk's factors but need
     shared memory for each stage);
     precision: a rung of :data:`DELTA_PRECISIONS` for fp16/bf16 calls;
+    forward_walk: ``"levels"``, one walk per level and block, all at once (step 7's ``level_walk_kernel``), or
+        ``"stacked"``, one walk per value tile carrying every live level at once (``level_state_walk_kernel``);
     backward_walk: ``"stacked"``, one reverse walk per value tile carrying every live level's adjoint at once (step
         8's ``level_adjoint_walk_kernel``), or ``"levels"``, one reverse walk per level and block, all at once
         (``level_walk_bwd_kernel``);
@@ -315,6 +317,7 @@ class DeltaLaunchConfig:
     grad_warps: int = 8
     num_stages: int = 1
     precision: str = "fast"
+    forward_walk: str = "levels"
     backward_walk: str = "stacked"
     adjoint_value_tile: int | None = None
     gram_grads: bool = True
@@ -322,8 +325,9 @@ class DeltaLaunchConfig:
     def __post_init__(self) -> None:
         if self.precision not in DELTA_PRECISIONS:
             raise ValueError(f"precision must be one of {DELTA_PRECISIONS}, got {self.precision!r}")
-        if self.backward_walk not in ("stacked", "levels"):
-            raise ValueError(f"backward_walk must be 'stacked' or 'levels', got {self.backward_walk!r}")
+        for name in ("forward_walk", "backward_walk"):
+            if getattr(self, name) not in ("stacked", "levels"):
+                raise ValueError(f"{name} must be 'stacked' or 'levels', got {getattr(self, name)!r}")
         for name in ("key_tile", "value_tile", "grad_value_tile", "adjoint_value_tile"):
             width = getattr(self, name)
             if width is not None and (width < 16 or width & (width - 1)):

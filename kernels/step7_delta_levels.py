@@ -43,7 +43,8 @@ import triton.language as tl
 from ..fenwick import num_chunk_levels
 from .config import DeltaLaunchConfig, dot_precision, key_tiles
 from .step6_delta_chunks import DeltaChunks, delta_chunks, load_rows, value_tiles
-from .tiles import fenwick_levels, load_level_column, load_level_scale_matrix, load_tile, store_tile
+from .tiles import (fenwick_levels, load_level_column, load_level_scale_matrix, load_tile, store_tile,
+                    trailing_ones)
 
 
 @triton.jit
@@ -138,6 +139,60 @@ def level_walk_kernel(
 
 
 @triton.jit
+def level_state_walk_kernel(
+    k_ptr, w_ptr, u_ptr, gc_ptr, x_ptr, first_ptr,
+    T, N, H, K, n_levels, NX,
+    skb, skt, skh,
+    C: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BK2P: tl.constexpr, BV: tl.constexpr,
+    VP: tl.constexpr, IP: tl.constexpr,
+):
+    """Grid ``(VP / BV, B·H)``: one walk over the chunks carrying every live level at once, as a binary counter
+    carries. With ``j`` the trailing ones of ``c``, chunk ``c + 1``'s read states are chunk ``c``'s, the levels
+    ``1..j`` merged with the chunk's own keys and every level above carried on alone,
+
+        X_{c+1, j+1} = Φ_c (Σ_{a ≤ j} X_{c,a}) + K̃ᵀ U₀,      X_{c+1, a} = Φ_c X_{c,a}   (a > j + 1),
+
+    read back from the slots the step before stored (x as :func:`level_walk_kernel`'s): one transition per chunk
+    and distinct level, about half the walks per level's, in one chain per program instead of many short ones."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    KP = BK1 + BK2
+    rc, rv = tl.arange(0, C), i_v * BV + tl.arange(0, BV)
+    r1, r2 = tl.arange(0, BK1), BK1 + tl.arange(0, BK2P)
+    k_ptr += i_b.to(tl.int64) * skb + i_h * skh
+    base = i_bh.to(tl.int64) * N * C
+    x_ptr += i_bh.to(tl.int64) * NX * KP * VP + rv[None, :]
+    for c in range(N - 1):
+        first = tl.load(first_ptr + c)
+        later = tl.load(first_ptr + c + 1)
+        reads = later - first
+        merges = trailing_ones(c, n_levels)
+        t = c * C + rc
+        decay, kt1, kt2, w1, w2 = load_transition(k_ptr, skt, w_ptr, gc_ptr, t, base + t, base + c * C + C - 1, T, K,
+                                                  BK1, BK2)
+        s1 = tl.zeros((BK1, BV), dtype=gc_ptr.dtype.element_ty)
+        s2 = tl.zeros((BK2P, BV), dtype=gc_ptr.dtype.element_ty)
+        for rank in range(merges):  # the merged levels' sum
+            s1 += tl.load(x_ptr + (first + rank).to(tl.int64) * KP * VP + r1[:, None] * VP)
+            if BK2 > 0:
+                s2 += tl.load(x_ptr + (first + rank).to(tl.int64) * KP * VP + r2[:, None] * VP)
+        for rank in range(merges - 1, reads):  # rank merges - 1: the merged level; above: each level alone
+            if rank >= merges:
+                s1 = tl.load(x_ptr + (first + rank).to(tl.int64) * KP * VP + r1[:, None] * VP)
+                if BK2 > 0:
+                    s2 = tl.load(x_ptr + (first + rank).to(tl.int64) * KP * VP + r2[:, None] * VP)
+                u = tl.zeros((C, BV), dtype=s1.dtype)
+            else:
+                u = load_rows(u_ptr, VP, base + t, rv)
+            s1, s2 = carry(s1, s2, decay, kt1, kt2, w1, w2, u, BK2, IP)
+            slot = x_ptr + (later + rank - merges + 1).to(tl.int64) * KP * VP
+            tl.store(slot + r1[:, None] * VP, s1)
+            if BK2 > 0:
+                tl.store(slot + r2[:, None] * VP, s2)
+        tl.debug_barrier()  # chunk c + 1's states are stored before any thread loads them
+
+
+@triton.jit
 def delta_output_kernel(
     v_ptr, lam_ptr, p_ptr, query_ptr, x_ptr, first_ptr, o_ptr,
     T, N, H, V, L, n_levels, NX,
@@ -205,7 +260,9 @@ def first_slots(N: int, device) -> torch.Tensor:
 def level_states(k, chunks: DeltaChunks, T: int, V: int, chunk_size: int,
                  config: DeltaLaunchConfig = DeltaLaunchConfig()) -> torch.Tensor:
     """The read states ``X_{c,ℓ}``: ``[B, H, Σ_c popcount(c), BK1 + BK2, NV·BV]`` (fp32), chunk by chunk, levels
-    ascending. k: ``[B, T, H or 1, K]``; chunks: step 6's factors; V: the value width."""
+    ascending, by the walks per level and block (:func:`level_walk_kernel`) or, with
+    ``config.forward_walk="stacked"``, one walk carrying every live level (:func:`level_state_walk_kernel`).
+    k: ``[B, T, H or 1, K]``; chunks: step 6's factors; V: the value width."""
     B, H = chunks.gc.shape[:2]
     K = k.shape[3]
     N = -(-T // chunk_size)
@@ -213,6 +270,15 @@ def level_states(k, chunks: DeltaChunks, T: int, V: int, chunk_size: int,
     BV, NV = value_tiles(V, config)
     first = first_slots(N, k.device)
     states = torch.empty(B, H, max(read_slot_count(N), 1), BK1 + BK2, NV * BV, device=k.device, dtype=chunks.u.dtype)
+    if config.forward_walk == "stacked":
+        if N > 1:
+            level_state_walk_kernel[(NV, B * H)](
+                k, chunks.w, chunks.u, chunks.gc, states, first, T, N, H, K, (N - 1).bit_length(), states.shape[2],
+                k.stride(0), k.stride(1), 0 if k.shape[2] == 1 else k.stride(2),
+                C=chunk_size, BK1=BK1, BK2=BK2, BK2P=max(BK2, 16), BV=BV, VP=NV * BV,
+                IP=dot_precision(k.dtype, config.precision), num_warps=config.walk_warps, num_stages=config.num_stages,
+            )
+        return states
     walks = walk_table(N, k.device)
     if len(walks):
         level_walk_kernel[(NV, B * H, len(walks))](

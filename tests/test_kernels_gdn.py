@@ -157,20 +157,22 @@ def test_forward_and_every_gradient_match_float64(B, T, H, Hk, K, V, C, config):
     )
 
 
-BACKWARDS = {"levels-gram": dict(backward_walk="levels"), "levels": dict(backward_walk="levels", gram_grads=False),
-             "stacked-narrow": dict(value_tile=32, adjoint_value_tile=16)}
+SCHEDULES = {"levels-gram": dict(backward_walk="levels"), "levels": dict(backward_walk="levels", gram_grads=False),
+             "stacked-narrow": dict(value_tile=32, adjoint_value_tile=16),
+             "forward-stacked": dict(forward_walk="stacked")}
 
 
 @pytest.mark.parametrize("K, V", [(24, 40), (16, 32)], ids=["two-key-tiles", "one-key-tile"])
-@pytest.mark.parametrize("backward", list(BACKWARDS))
-def test_the_backward_schedules_agree_to_round_off(K, V, backward):
-    """The default backward (one reverse walk carrying every live level, the chunk factors' gradients through one
-    ``K × K`` product per chunk) against the walks per level and block, with the Gram product or level by level,
-    and against the stacked walk on value tiles narrower than the rest of the kernels': in float64 the same
-    gradients to round-off (10 chunks: four levels, left and right halves, a last block cut short)."""
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_the_schedules_agree_to_round_off(K, V, schedule):
+    """The default schedule (forward: the walks per level and block; backward: one reverse walk carrying every live
+    level, the chunk factors' gradients through one ``K × K`` product per chunk) against the walks per level
+    backwards too, with the Gram product or level by level, the reverse walk on value tiles narrower than the rest
+    of the kernels', and one forward walk carrying every live level: in float64 the same output and gradients to
+    round-off (10 chunks: four levels, left and right halves, a last block cut short)."""
     args = inputs(1, 150, 2, 2, K, V, seed=K)
     runs = []
-    for knobs in ({}, BACKWARDS[backward]):
+    for knobs in ({}, SCHEDULES[schedule]):
         config = DeltaLaunchConfig(**{"key_tile": 16, "value_tile": 16, **knobs})
         runs.append(grads_of(lambda *a: kernels.loglinear_gated_deltanet(*a, chunk_size=16, config=config), args))
     (out, grads), (ref, ref_grads) = runs
@@ -235,7 +237,7 @@ def test_fp32_and_fp64_products_are_never_rounded_to_tf32(monkeypatch, dtype, al
             return launch
 
     names = {step6_delta_chunks: ["delta_chunk_kernel"],
-             step7_delta_levels: ["level_walk_kernel", "delta_output_kernel"],
+             step7_delta_levels: ["level_walk_kernel", "level_state_walk_kernel", "delta_output_kernel"],
              step8_delta_backward: ["level_adjoint_walk_kernel", "slot_gram_kernel", "level_walk_bwd_kernel",
                                     "level_gram_kernel", "level_gram_grads_kernel",
                                     "level_write_grad_kernel", "level_transition_grad_kernel",
@@ -245,7 +247,7 @@ def test_fp32_and_fp64_products_are_never_rounded_to_tf32(monkeypatch, dtype, al
         for name in names[module]:
             monkeypatch.setattr(module, name, Recorded(name, getattr(module, name)))
     q, k, v, lam, g, beta = (x.to(dtype).requires_grad_(True) for x in inputs(1, 40, 2, 2, 20, 8))
-    for knobs in ({}, *BACKWARDS.values()):
+    for knobs in ({}, *SCHEDULES.values()):
         config = DeltaLaunchConfig(**{"key_tile": 16, "value_tile": 16, **knobs})
         kernels.loglinear_gated_deltanet(q, k, v, lam, g, beta, chunk_size=16, config=config).sum().backward()
     assert {name for name, *_ in launched} == {name for module in names for name in names[module]}
@@ -436,6 +438,8 @@ def test_level_gradient_knobs_follow_the_precision_and_are_checked():
         DeltaLaunchConfig(grad_value_tile=24)
     with pytest.raises(ValueError, match="backward_walk must be"):
         DeltaLaunchConfig(backward_walk="tree")
+    with pytest.raises(ValueError, match="forward_walk must be"):
+        DeltaLaunchConfig(forward_walk="tree")
     with pytest.raises(ValueError, match="adjoint_value_tile must be a power of two"):
         DeltaLaunchConfig(adjoint_value_tile=48)
 
