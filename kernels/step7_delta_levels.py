@@ -19,6 +19,8 @@ DeltaNet's state passing; the work is ``N`` chunk transitions per level (the lef
 the lower levels also hold: twice the work of a single walk carrying all live levels, for ``log2 N``
 times the parallelism). Each transition costs two ``[C, K] × [K, BV]``-sized products — the cost of a
 level is the cost of linear Gated DeltaNet's state passing, where Mamba-2's is one scalar per node.
+``DeltaLaunchConfig(forward_walk="stacked")`` makes that single walk instead (:func:`level_state_walk_kernel`):
+chunk ``c + 1``'s read states from chunk ``c``'s, as a binary counter carries, grid ``(V / BV, B·H)``.
 
 The read states ``X_{c,ℓ}`` are stored, ``popcount(c)`` per chunk (slot ``Σ_{c'<c} popcount(c')`` + rank),
 and :func:`delta_output_kernel` adds them up, grid ``(N, V / BV, B·H)``:
