@@ -276,9 +276,10 @@ def chunk_precision(dtype: torch.dtype, precision: str = "fast") -> str:
 
 
 LEVEL_GRAD_VALUE_TILE = {"fast": 16, "exact": 32}
-"""The level gradients' value tile by precision rung (:data:`DELTA_PRECISIONS`). 16: at ``K = 192``, ``V = 384``
-their three kernels compile for Hopper at 8 warps without spilling registers (at 32 each spills). Under
-``"exact"`` their tf32x3 products on 16-wide tiles make an illegal memory access on Hopper (Triton 3.6): 32."""
+"""The value tile of the reads' gradients (and of the level-by-level kernels, ``gram_grads=False``) by precision rung
+(:data:`DELTA_PRECISIONS`). 16: at ``K = 192``, ``V = 384`` the level-by-level kernels compile for Hopper at 8 warps
+without spilling registers (at 32 each spills). Under ``"exact"`` their tf32x3 products on 16-wide tiles make an
+illegal memory access on Hopper (Triton 3.6): 32."""
 
 
 @dataclass(frozen=True)

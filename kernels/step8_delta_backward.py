@@ -892,7 +892,8 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
     grid, tiles = (N, B * H), dict(C=chunk_size, BK1=BK1, BK2=BK2, BV=BVG, VP=VP, IP=IP, num_warps=config.grad_warps,
                                    num_stages=config.num_stages)
     GK = min(64, BK1, BK2 or BK1)  # a power of two dividing BK1 + BK2
-    gram, d_gamma_parts = new(B, H, N, KP, KP), new(B, H, N, KP // GK)
+    through_gram = config.backward_walk == "stacked" or config.gram_grads
+    gram, d_gamma_parts = (new(B, H, N, KP, KP), new(B, H, N, KP // GK)) if through_gram else (None, None)
     gram_launch = dict(KP=KP, GK=GK, BV=BV, VP=VP, IP=IP, num_warps=config.grad_warps, num_stages=config.num_stages)
     if config.backward_walk == "stacked":
         d_left = torch.empty_like(states)  # the adjoints of the read states, in their slots
@@ -925,7 +926,7 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
             level_transition_grad_kernel[grid](chunks.w, chunks.u, states, first, adjoints, d_kt, d_gamma, N,
                                                n_levels, NX, **tiles)
         del adjoints
-    if config.backward_walk == "stacked" or config.gram_grads:
+    if through_gram:
         level_gram_grads_kernel[grid](
             k, chunks.w, chunks.u, chunks.gc, gram, d_left, first, d_gamma_parts, d_w, d_u, d_kt, d_gamma, T, N, H, K,
             NX, k.stride(0), k.stride(1), sqh, C=chunk_size, BK1=BK1, BK2=BK2, BV=BV, VP=VP, NT=KP // GK,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from loglin_edu.bench.profile import PROFILED, compiled_kernels, config_of, delta_kernel_work, kernel_work, profile_lengths
-from loglin_edu.bench.settings import CPU, GDN_CPU, GDN_GPU, GPU, counted_work
+from loglin_edu.bench.settings import CPU, GDN_CPU, GDN_GPU, GPU, carried_levels, counted_work
 
 
 @pytest.mark.parametrize("setting, T", [(GPU, 1024), (GPU, 65536), (GPU, 3000), (CPU, 32), (GDN_GPU, 1024),
@@ -16,6 +16,14 @@ def test_kernel_work_adds_up_to_the_counted_work(setting, T):
     B = setting.tokens // T
     work = counted_work(B, T, setting)
     assert sum(kernel_work(B, T, setting).values()) == work["forward_flops"] + work["backward_flops"]
+
+
+@pytest.mark.parametrize("N", [1, 2, 3, 8, 17, 1024])
+def test_the_stacked_walk_carries_one_level_per_set_bit_of_the_next_chunk(N):
+    """Chunk ``c`` hands chunk ``c + 1`` one state per set bit of ``c + 1``; all but the chunk's own write (when ``c``
+    is even, the lowest, which starts from nothing) are transitions of a state."""
+    assert carried_levels(N) == sum(bin(c + 1).count("1") - (c % 2 == 0) for c in range(N - 1))
+    assert carried_levels(8) == 8
 
 
 def fake_kernel(name, n_regs, n_spills, in_metadata=False):

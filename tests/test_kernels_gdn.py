@@ -183,6 +183,25 @@ def test_the_schedules_agree_to_round_off(K, V):
             assert_close(g, r, rtol=1e-13, atol=1e-15, what=f"{schedule}: {name}")
 
 
+def test_the_reverse_walk_takes_its_own_value_tile(monkeypatch):
+    """``adjoint_value_tile`` cuts the stacked reverse walk's value columns into more programs than ``value_tile``
+    (V = 32: one program per head at the value tile of 32, two at 16)."""
+    from loglin_edu.kernels import step8_delta_backward
+
+    grids, kernel = [], step8_delta_backward.level_adjoint_walk_kernel
+
+    class Recorded:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(step8_delta_backward, "level_adjoint_walk_kernel", Recorded())
+    args = [x.float().requires_grad_(True) for x in inputs(1, 40, 1, 1, 16, 32)]
+    for tile in (None, 16):
+        config = DeltaLaunchConfig(value_tile=32, adjoint_value_tile=tile)
+        kernels.loglinear_gated_deltanet(*args, chunk_size=16, config=config).sum().backward()
+    assert [grid[0] for grid in grids] == [1, 2]
+
 @pytest.mark.parametrize("extra_columns", [0, 27], ids=["L9-exactly-the-levels", "L36-wider-than-needed"])
 def test_level_scales_of_any_width_match_float64(extra_columns):
     """λ is read and dλ written one column per level. T = 150 in chunks of 16 needs 9 levels (4 inside a

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..fenwick import num_levels
+from ..fenwick import num_levels, trailing_zeros
 
 MATMUL_FLOPS = 790e12  # bf16 dense products on an H200, measured
 COPY_BYTES = 4.3e12  # device-to-device copy on an H200, bytes read + written per second, measured
@@ -128,15 +128,11 @@ def floor_ms(work: dict, backward: bool) -> float:
     return 1e3 * max(flops / MATMUL_FLOPS, nbytes / COPY_BYTES)
 
 
-def trailing_ones(c: int) -> int:
-    """How many low bits of ``c`` are set."""
-    return (c ^ (c + 1)).bit_length() - 1
-
-
 def carried_levels(N: int) -> int:
     """Transitions of the stacked reverse walk over ``N`` chunks: chunk ``c < N - 1`` carries one level for its
-    trailing ones (if any), merged, and one for each set bit above them, ``popcount(c) - j + [j > 0]``."""
-    return sum(bin(c).count("1") - trailing_ones(c) + (trailing_ones(c) > 0) for c in range(N - 1))
+    ``j`` trailing ones (if any; the trailing zeros of ``c + 1``), merged, and one for each set bit above them,
+    ``popcount(c) - j + [j > 0]``."""
+    return sum(bin(c).count("1") - trailing_zeros(c + 1) + (trailing_zeros(c + 1) > 0) for c in range(N - 1))
 
 
 def counted_work_delta(B: int, T: int, s: Setting) -> dict:
