@@ -149,3 +149,38 @@ def test_a_profiled_launch_configuration_goes_to_our_log_linear_kernel_only():
     given = {name: config_of(name, "loglinear_mamba2", config) for name in PROFILED["loglinear_mamba2"]}
     assert given == {"loglinear (ours, triton)": config, "mamba2 linear (ours, triton step 1)": None,
                      "mamba2 linear (ours, triton chunk-parallel)": None}
+
+
+def test_variants_save_every_row_as_it_is_measured(tmp_path, monkeypatch):
+    """A variants run stopped midway (a timeout) leaves the rows it measured in its results file, marked incomplete."""
+    import json
+
+    from loglin_edu.bench import measure
+    from loglin_edu.bench.__main__ import main
+
+    def measured_once(name, inputs, device, fn):
+        if measured_once.calls:
+            raise KeyboardInterrupt  # what a stopping run raises
+        measured_once.calls += 1
+        return {"name": name, "forward_ms": 1.0, "forward_backward_ms": 3.0}
+
+    measured_once.calls = 0
+    monkeypatch.setattr(measure, "measure", measured_once)
+    out = tmp_path / "v.json"
+    with pytest.raises(KeyboardInterrupt):
+        main(["--tier", "cpu", "--model", "gated_deltanet", "--variants", "--lengths", "16", "--configs",
+              "value_tile=16", "value_tile=32", "--quiet", "--out", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["complete"] is False
+    [row] = saved["variants"]
+    assert (row["T"], row["config"]["value_tile"], row["forward_backward_ms"]) == (16, 16, 3.0)
+
+
+def test_the_profile_takes_a_launch_configuration_of_either_model():
+    from loglin_edu.bench.profile import model_launch_config
+    from loglin_edu.kernels.config import DeltaLaunchConfig, LaunchConfig
+
+    assert model_launch_config("gated_deltanet", "adjoint_value_tile=16") == DeltaLaunchConfig(adjoint_value_tile=16)
+    assert model_launch_config("loglinear_mamba2", "tree_key_split=2") == LaunchConfig(tree_key_split=2)
+    with pytest.raises(ValueError, match="adjoint_value_tile"):
+        model_launch_config("loglinear_mamba2", "adjoint_value_tile=16")

@@ -101,7 +101,13 @@ def main(argv=None) -> dict:
             configs = [config_from_spec(spec, kind) for spec in specs]
         except ValueError as error:
             parser.error(f"--configs: {error}")
-        result["variants"] = variants(s, s.lengths, configs, device, linear=args.linear)
+        def save_variants(rows):
+            result["variants"] = rows
+            result["complete"] = len(rows) == len(configs) * len(s.lengths)
+            write_json(out, result)
+
+        result["variants"] = variants(s, s.lengths, configs, device, linear=args.linear, on_row=save_variants)
+        result["complete"] = True
     else:
         names = [n for n in BY_MODEL[args.model] if n not in (GPU_ONLY if device.type == "cpu" else CPU_ONLY)]
         if args.only:

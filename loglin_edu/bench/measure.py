@@ -141,9 +141,10 @@ def launch_config(spec: str):
     return config_from_spec(spec, LaunchConfig)
 
 
-def variants(s: Setting, lengths, configs, device, linear: bool = False) -> list[dict]:
+def variants(s: Setting, lengths, configs, device, linear: bool = False, on_row=None) -> list[dict]:
     """Our kernel under each launch configuration: forward and forward+backward median ms. ``linear``: the
-    chunk-parallel linear Mamba-2 (kernel step 1b) under each ``LinearLaunchConfig`` instead."""
+    chunk-parallel linear Mamba-2 (kernel step 1b) under each ``LinearLaunchConfig`` instead. ``on_row(rows)``,
+    if given, is called with the rows so far after each one (a results file then survives a stopped run)."""
     rows = []
     name, kernel = ("mamba2 linear (ours, triton chunk-parallel)", ours_linear_parallel) if linear else ours_of(s)
     for T in lengths:
@@ -152,8 +153,13 @@ def variants(s: Setting, lengths, configs, device, linear: bool = False) -> list
             row = measure(name, inputs, device, fn=lambda x, c=config: kernel(x, c))
             row.update(T=T, config=asdict(config))
             rows.append(row)
+            if on_row is not None:
+                on_row(rows)
             print(f"T={T:6d} {config} fwd {row.get('forward_ms', float('nan')):.2f} ms  "
                   f"fwd+bwd {row.get('forward_backward_ms', float('nan')):.2f} ms {row.get('error', '')}", flush=True)
+        del inputs
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     return rows
 
 

@@ -233,6 +233,15 @@ def config_of(name: str, model: str, config):
     return config if name == OURS[model] else None
 
 
+def model_launch_config(model: str, spec: str):
+    """The launch configuration ``spec`` (as ``--variants --configs`` takes it) of our kernels of ``model``: a
+    :class:`~loglin_edu.kernels.config.DeltaLaunchConfig` for ``"gated_deltanet"``, else a ``LaunchConfig``."""
+    from ..kernels.config import DeltaLaunchConfig, LaunchConfig
+    from .measure import config_from_spec
+
+    return config_from_spec(spec, DeltaLaunchConfig if model == "gated_deltanet" else LaunchConfig)
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m loglin_edu.bench.profile",
                                      description="Device time of every kernel of one forward and one backward.")
@@ -243,15 +252,14 @@ def main(argv=None) -> dict:
     parser.add_argument("--only", nargs="*", help="implementations to profile (names of "
                         "loglin_edu.bench.implementations; default: PROFILED, the model's Triton kernels)")
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--config", help="a launch configuration of our log-linear Mamba-2 kernel, as "
-                        "python -m loglin_edu.bench --variants --configs takes it (e.g. tree_registers=true)")
+    parser.add_argument("--config", help="a launch configuration of our kernels of --model, as python -m "
+                        "loglin_edu.bench --variants --configs takes it (e.g. tree_registers=true, or "
+                        "adjoint_value_tile=16 for gated_deltanet)")
     parser.add_argument("--out", type=Path, help=f"results JSON (default {DEFAULT_RESULTS}/kernels_profile_<device>"
                         ".json, kernels_gdn_profile_<device>.json for gated_deltanet)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("profiling needs a CUDA GPU")
-    if args.config and args.model != "loglinear_mamba2":
-        parser.error("--config is a launch configuration of the log-linear Mamba-2 kernels")
     s = replace(SETTINGS[args.model, "gpu"], lengths=tuple(args.lengths))
     command = " ".join(sys.argv[1:] if argv is None else argv)
     result = provenance(f"python -m loglin_edu.bench.profile {command}", "cuda")
@@ -261,9 +269,10 @@ def main(argv=None) -> dict:
     out = args.out or DEFAULT_RESULTS / f"{prefix}_profile_{device_slug()}.json"
     config = None
     if args.config:
-        from .measure import launch_config
-
-        config = launch_config(args.config)
+        try:
+            config = model_launch_config(args.model, args.config)
+        except ValueError as error:
+            parser.error(f"--config: {error}")
         result["config"] = asdict(config)
     for name in args.only or PROFILED[args.model]:
         result["profiles"] += profile_lengths(s, s.lengths, name, args.steps, config=config_of(name, args.model, config))
