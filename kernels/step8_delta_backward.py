@@ -502,8 +502,8 @@ def gram_block(gram_ptr, rows, cols, KP):
 def level_gram_grads_kernel(
     k_ptr, w_ptr, u_ptr, gc_ptr, gram_ptr, dleft_ptr, first_ptr, dgamma_part_ptr, dw_ptr, du_ptr, dkt_ptr, dgamma_ptr,
     T, N, H, K, NX, skb, skt, skh,
-    C: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr, NT: tl.constexpr,
-    LEFT_IN_SLOTS: tl.constexpr, IP: tl.constexpr,
+    C: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BK2P: tl.constexpr, GK: tl.constexpr, BV: tl.constexpr,
+    VP: tl.constexpr, NT: tl.constexpr, LEFT_IN_SLOTS: tl.constexpr, IP: tl.constexpr,
 ):
     """Grid ``(N, B·H)``. Chunk ``i_c``'s level gradients from its ``G`` and ``D_left`` (:func:`level_gram_kernel`):
 
@@ -512,7 +512,8 @@ def level_gram_grads_kernel(
     (``Σ_ℓ -(K̃ D_ℓ) S_ℓᵀ`` and ``Σ_ℓ (u_ℓ - W S_ℓ) D_ℓᵀ`` regrouped: ``u_ℓ = U₀`` in left halves only). k, w,
     u, gc as the walks'; dleft: ``[B, H, N, KP, VP]``, or with ``LEFT_IN_SLOTS`` the stacked walk's adjoints
     (``D_left`` of chunk ``c`` is chunk ``c + 1``'s first slot, none for the last chunk); writes dw, dkt
-    ``[B, H, N·C, BK1 + BK2]``, du ``[B, H, N·C, VP]``, dgamma ``[B, H, N]``."""
+    ``[B, H, N·C, BK1 + BK2]``, du ``[B, H, N·C, VP]``, dgamma ``[B, H, N]``. The products by ``G`` sum over
+    ``NT`` blocks of ``GK`` keys (``BK2P``: ``BK2``, at least 16)."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     KP = BK1 + BK2
     chunk = i_bh.to(tl.int64) * N + i_c
@@ -526,19 +527,31 @@ def level_gram_grads_kernel(
         left_rows = KP
     k_ptr += (i_bh // H).to(tl.int64) * skb + (i_bh % H) * skh
     rc, r1 = tl.arange(0, C), tl.arange(0, BK1)
-    kt1, kt2 = decayed_key_tiles(k_ptr, skt, gc_ptr, row0, i_c * C + rc, T, K, C, BK1, BK2)
-    w1 = load_rows(w_ptr + row0 * KP, KP, rc, r1)
-    d_w1 = -tl.dot(kt1, gram_block(gram_ptr, r1, r1, KP), input_precision=IP)
-    d_kt1 = -tl.dot(w1, tl.trans(gram_block(gram_ptr, r1, r1, KP)), input_precision=IP)
+    # dW = -K̃ G, then dK̃ = -W Gᵀ, each summed over column blocks j of GK keys: blocks of G, W and K̃ small
+    # enough for shared memory at K = 256, and two accumulators live at a time
+    gc = tl.load(gc_ptr + row0 + rc)
+    ratio = tl.exp(tl.load(gc_ptr + row0 + C - 1) - gc)
+    r2 = BK1 + tl.arange(0, BK2P)
+    d_w1 = tl.zeros((C, BK1), dtype=gc.dtype)
+    d_w2 = tl.zeros((C, BK2P), dtype=gc.dtype)
+    for j in tl.static_range(NT):
+        rj = j * GK + tl.arange(0, GK)
+        kt_j = load_tile(k_ptr, skt, i_c * C + rc, T, rj, K).to(gc.dtype) * ratio[:, None]
+        d_w1 -= tl.dot(kt_j, gram_block(gram_ptr, rj, r1, KP), input_precision=IP)
+        if BK2 > 0:
+            d_w2 -= tl.dot(kt_j, gram_block(gram_ptr, rj, r2, KP), input_precision=IP)
+    store_rows(dw_ptr + row0 * KP, KP, rc, r1, d_w1)
     if BK2 > 0:
-        r2 = BK1 + tl.arange(0, BK2)
-        w2 = load_rows(w_ptr + row0 * KP, KP, rc, r2)
-        d_w1 -= tl.dot(kt2, gram_block(gram_ptr, r2, r1, KP), input_precision=IP)
-        d_w2 = -tl.dot(kt1, gram_block(gram_ptr, r1, r2, KP), input_precision=IP)
-        d_w2 -= tl.dot(kt2, gram_block(gram_ptr, r2, r2, KP), input_precision=IP)
-        d_kt1 -= tl.dot(w2, tl.trans(gram_block(gram_ptr, r1, r2, KP)), input_precision=IP)
-        d_kt2 = -tl.dot(w1, tl.trans(gram_block(gram_ptr, r2, r1, KP)), input_precision=IP)
-        d_kt2 -= tl.dot(w2, tl.trans(gram_block(gram_ptr, r2, r2, KP)), input_precision=IP)
+        store_rows(dw_ptr + row0 * KP, KP, rc, r2, d_w2)
+    d_kt1 = tl.zeros((C, BK1), dtype=gc.dtype)
+    d_kt2 = tl.zeros((C, BK2P), dtype=gc.dtype)
+    for j in tl.static_range(NT):
+        rj = j * GK + tl.arange(0, GK)
+        w_j = load_rows(w_ptr + row0 * KP, KP, rc, rj)
+        d_kt1 -= tl.dot(w_j, tl.trans(gram_block(gram_ptr, r1, rj, KP)), input_precision=IP)
+        if BK2 > 0:
+            d_kt2 -= tl.dot(w_j, tl.trans(gram_block(gram_ptr, r2, rj, KP)), input_precision=IP)
+    kt1, kt2 = decayed_key_tiles(k_ptr, skt, gc_ptr, row0, i_c * C + rc, T, K, C, BK1, BK2)
     for i_v in range(VP // BV):
         rv = i_v * BV + tl.arange(0, BV)
         u = load_rows(u_ptr + row0 * VP, VP, rc, rv)
@@ -552,10 +565,8 @@ def level_gram_grads_kernel(
             d_kt2 += tl.dot(u, tl.trans(left2), input_precision=IP)
             d_u += tl.dot(kt2, left2, input_precision=IP)
         store_rows(du_ptr + row0 * VP, VP, rc, rv, d_u)
-    store_rows(dw_ptr + row0 * KP, KP, rc, r1, d_w1)
     store_rows(dkt_ptr + row0 * KP, KP, rc, r1, d_kt1)
     if BK2 > 0:
-        store_rows(dw_ptr + row0 * KP, KP, rc, r2, d_w2)
         store_rows(dkt_ptr + row0 * KP, KP, rc, r2, d_kt2)
     d_gamma = tl.load(dgamma_part_ptr + chunk * NT)
     for part in range(1, NT):
@@ -929,7 +940,8 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
     if through_gram:
         level_gram_grads_kernel[grid](
             k, chunks.w, chunks.u, chunks.gc, gram, d_left, first, d_gamma_parts, d_w, d_u, d_kt, d_gamma, T, N, H, K,
-            NX, k.stride(0), k.stride(1), sqh, C=chunk_size, BK1=BK1, BK2=BK2, BV=BV, VP=VP, NT=KP // GK,
+            NX, k.stride(0), k.stride(1), sqh, C=chunk_size, BK1=BK1, BK2=BK2, BK2P=max(BK2, 16), GK=GK,
+            BV=BV, VP=VP, NT=KP // GK,
             LEFT_IN_SLOTS=config.backward_walk == "stacked", IP=IP, num_warps=config.grad_warps,
             num_stages=config.num_stages,
         )

@@ -133,6 +133,7 @@ SHAPES = [  # B, T, H, Hk, K, V, chunk size, launch config
     (2, 11, 1, 1, 20, 18, 16, SMALL_TILES),  # T < chunk, shared q/k, two key tiles
     (1, 1, 1, 1, 2, 2, 16, DeltaLaunchConfig()),  # one token
     (1, 40, 2, 2, 100, 8, 16, DeltaLaunchConfig()),  # one key tile of 128 > the WY backward's key sub-tiles
+    (1, 40, 1, 1, 40, 8, 16, DeltaLaunchConfig(key_tile=32)),  # key tiles 32 + 16, as 128 + 64 at K = 192
 ]
 IDS = [f"T{s[1]}-H{s[2]}-Hk{s[3]}-K{s[4]}-V{s[5]}-C{s[6]}" for s in SHAPES]
 

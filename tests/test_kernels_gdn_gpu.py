@@ -92,8 +92,8 @@ def test_profile_times_every_kernel_of_both_phases_with_its_registers():
     [profiled] = profile_lengths(s, [1024], OURS["gated_deltanet"], steps=1)
     phases = {r["kernel"]: r["phase"] for r in profiled["kernels"] if r["kernel"] in delta_kernel_work(2, 1024, s)}
     assert phases == {"delta_chunk_kernel": "forward", "level_walk_kernel": "forward",
-                      "delta_output_kernel": "forward", "level_walk_bwd_kernel": "backward",
-                      "level_write_grad_kernel": "backward", "level_transition_grad_kernel": "backward",
+                      "delta_output_kernel": "forward", "level_adjoint_walk_kernel": "backward",
+                      "slot_gram_kernel": "backward", "level_gram_grads_kernel": "backward",
                       "level_read_grad_kernel": "backward", "delta_chunk_values_bwd_kernel": "backward",
                       "delta_chunk_solve_bwd_kernel": "backward", "delta_chunk_qk_bwd_kernel": "backward"}
     timed = [r for r in profiled["kernels"] if r["kernel"] in phases]
