@@ -275,7 +275,7 @@ def chunk_precision(dtype: torch.dtype, precision: str = "fast") -> str:
     return "tf32x3" if dtype == torch.float32 else dot_precision(dtype, precision)
 
 
-LEVEL_GRAD_VALUE_TILE = {"fast": 16, "exact": 32}
+LEVEL_GRAD_VALUE_TILE = {"fast": 64, "exact": 32}
 """The value tile of the reads' gradients (and of the level-by-level kernels, ``gram_grads=False``) by precision rung
 (:data:`DELTA_PRECISIONS`). 16: at ``K = 192``, ``V = 384`` the level-by-level kernels compile for Hopper at 8 warps
 without spilling registers (at 32 each spills). Under ``"exact"`` their tf32x3 products on 16-wide tiles make an
@@ -314,13 +314,13 @@ class DeltaLaunchConfig:
     grad_value_tile: int | None = None
     num_warps: int = 4
     solve_warps: int = 8
-    walk_warps: int = 8
+    walk_warps: int = 4
     grad_warps: int = 8
     num_stages: int = 1
     precision: str = "fast"
     forward_walk: str = "levels"
     backward_walk: str = "stacked"
-    adjoint_value_tile: int | None = None
+    adjoint_value_tile: int | None = 32
     gram_grads: bool = True
 
     def __post_init__(self) -> None:
