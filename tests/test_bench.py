@@ -182,5 +182,6 @@ def test_the_profile_takes_a_launch_configuration_of_either_model():
 
     assert model_launch_config("gated_deltanet", "adjoint_value_tile=16") == DeltaLaunchConfig(adjoint_value_tile=16)
     assert model_launch_config("loglinear_mamba2", "tree_key_split=2") == LaunchConfig(tree_key_split=2)
+    assert model_launch_config("gated_deltanet", None) == DeltaLaunchConfig()
     with pytest.raises(ValueError, match="adjoint_value_tile"):
         model_launch_config("loglinear_mamba2", "adjoint_value_tile=16")

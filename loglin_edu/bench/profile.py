@@ -233,13 +233,15 @@ def config_of(name: str, model: str, config):
     return config if name == OURS[model] else None
 
 
-def model_launch_config(model: str, spec: str):
-    """The launch configuration ``spec`` (as ``--variants --configs`` takes it) of our kernels of ``model``: a
-    :class:`~loglin_edu.kernels.config.DeltaLaunchConfig` for ``"gated_deltanet"``, else a ``LaunchConfig``."""
+def model_launch_config(model: str, spec: str | None):
+    """The launch configuration ``spec`` (as ``--variants --configs`` takes it; ``None``: the defaults) of our kernels
+    of ``model``: a :class:`~loglin_edu.kernels.config.DeltaLaunchConfig` for ``"gated_deltanet"``, else a
+    ``LaunchConfig``."""
     from ..kernels.config import DeltaLaunchConfig, LaunchConfig
     from .measure import config_from_spec
 
-    return config_from_spec(spec, DeltaLaunchConfig if model == "gated_deltanet" else LaunchConfig)
+    kind = DeltaLaunchConfig if model == "gated_deltanet" else LaunchConfig
+    return config_from_spec(spec, kind) if spec else kind()
 
 
 def main(argv=None) -> dict:
@@ -267,13 +269,11 @@ def main(argv=None) -> dict:
     result["profiles"] = []
     prefix = "kernels_gdn" if args.model == "gated_deltanet" else "kernels"
     out = args.out or DEFAULT_RESULTS / f"{prefix}_profile_{device_slug()}.json"
-    config = None
-    if args.config:
-        try:
-            config = model_launch_config(args.model, args.config)
-        except ValueError as error:
-            parser.error(f"--config: {error}")
-        result["config"] = asdict(config)
+    try:
+        config = model_launch_config(args.model, args.config)
+    except ValueError as error:
+        parser.error(f"--config: {error}")
+    result["config"] = asdict(config)  # our kernels' launch configuration: the defaults without --config
     for name in args.only or PROFILED[args.model]:
         result["profiles"] += profile_lengths(s, s.lengths, name, args.steps, config=config_of(name, args.model, config))
         result["compiled_kernels"] = compiled_kernels()

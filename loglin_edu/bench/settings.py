@@ -47,6 +47,15 @@ CPU = Setting(tokens=128, heads=2, key=16, value=16, dtype="float32", lengths=(3
 GDN_GPU = Setting(heads=6, key=192, value=384, lengths=(1024, 4096, 16384, 65536), model="gated_deltanet")
 GDN_CPU = Setting(tokens=32, heads=2, key=16, value=16, dtype="float32", lengths=(16, 32), chunk_size=16,
                   model="gated_deltanet")
+GDN_REFERENCE_MS = {
+    "authors' log-linear Gated DeltaNet": {1024: 60.7, 4096: 86.7, 16384: 125.0, 65536: 189.3},
+    "fla linear Gated DeltaNet": {1024: 17.1, 4096: 18.9, 16384: 25.2, 65536: 54.2},
+}
+"""Forward+backward median ms in :data:`GDN_GPU`'s setting on one H200 (bf16, 65,536 tokens per step, 6 heads,
+K = 192, V = 384) of two implementations this package's benchmark does not time forward and backward: the paper's
+authors' Triton kernels for log-linear Gated DeltaNet, and fla's linear Gated DeltaNet (``chunk_gated_delta_rule``,
+whose backward refuses to run on Hopper under the Triton the benchmark runs with, so the benchmark times its forward
+only). Measured outside ``python -m loglin_edu.bench``, as reference numbers to read ours against."""
 SETTINGS = {("loglinear_mamba2", "gpu"): GPU, ("loglinear_mamba2", "cpu"): CPU,
             ("gated_deltanet", "gpu"): GDN_GPU, ("gated_deltanet", "cpu"): GDN_CPU}
 
