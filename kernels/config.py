@@ -277,8 +277,8 @@ def chunk_precision(dtype: torch.dtype, precision: str = "fast") -> str:
 
 LEVEL_GRAD_VALUE_TILE = {"fast": 64, "exact": 32}
 """The value tile of the reads' gradients (and of the level-by-level kernels, ``gram_grads=False``) by precision rung
-(:data:`DELTA_PRECISIONS`). 16: at ``K = 192``, ``V = 384`` the level-by-level kernels compile for Hopper at 8 warps
-without spilling registers (at 32 each spills). Under ``"exact"`` their tf32x3 products on 16-wide tiles make an
+(:data:`DELTA_PRECISIONS`). 64: the fastest of those timed on an H200 at ``K = 192``, ``V = 384`` (16 and 64; the
+level-by-level kernels, a knob, spill registers there). Under ``"exact"`` tf32x3 products on 16-wide tiles make an
 illegal memory access on Hopper (Triton 3.6): 32."""
 
 
@@ -303,7 +303,7 @@ class DeltaLaunchConfig:
         (``level_walk_bwd_kernel``);
     adjoint_value_tile: the value columns one program of the stacked reverse walk carries, at most ``value_tile``
         (``None``: ``value_tile``): narrower tiles give the walk more programs and shorter steps, without changing
-        the forward's walks;
+        the forward's walks (32 by default: on an H200 as fast as 64 with many sequences, faster with one long one);
     gram_grads: with ``backward_walk="levels"``, the level gradients of the chunk factors through one ``K × K``
         product per chunk, ``G = Σ_ℓ D_ℓ S_ℓᵀ`` (``level_gram_kernel``); ``False``: level by level
         (``level_write_grad_kernel`` and ``level_transition_grad_kernel``).

@@ -451,9 +451,9 @@ def test_benchmark_cpu_tier(tmp_path):
 
 
 def test_level_gradient_knobs_follow_the_precision_and_are_checked():
-    assert DeltaLaunchConfig().level_grad_value_tile() == 16
+    assert DeltaLaunchConfig().level_grad_value_tile() == 64
     assert DeltaLaunchConfig(precision="exact").level_grad_value_tile() == 32
-    assert DeltaLaunchConfig(grad_value_tile=64).level_grad_value_tile() == 64
+    assert DeltaLaunchConfig(grad_value_tile=16).level_grad_value_tile() == 16
     with pytest.raises(ValueError, match="grad_value_tile >= 32"):
         DeltaLaunchConfig(precision="exact", grad_value_tile=16)
     with pytest.raises(ValueError, match="power of two"):
