@@ -187,16 +187,22 @@ def chunk_rows(x_ptr, first_ptr, i_c, i_bh, N, NX, C: tl.constexpr, KP, VP):
 
 
 @triton.jit
-def decayed_key_tiles(k_ptr, skt, gc_ptr, row0, t, T, K, C: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr):
-    """``(K̃₁, K̃₂)``: the chunk's keys decayed to its end, ``K̃ = diag(γ_C / γ) K``, in two key tiles (``[C, BK1]``,
-    ``[C, BK2]``; with one tile the second repeats the first). k at the head, tokens ``t`` (``< T`` valid); gc: the
-    cumulative decay, the chunk's rows from ``row0``."""
+def decayed_key_columns(k_ptr, skt, gc_ptr, row0, t, T, cols, K, C: tl.constexpr):
+    """``K̃[:, cols]``: the chunk's keys decayed to its end, ``diag(γ_C / γ) K`` (``[C, len(cols)]``, zero past ``T``
+    and ``K``). k at the head, tokens ``t``; gc: the cumulative decay, the chunk's rows from ``row0``."""
     gc = tl.load(gc_ptr + row0 + tl.arange(0, C))
     ratio = tl.exp(tl.load(gc_ptr + row0 + C - 1) - gc)
-    kt1 = load_tile(k_ptr, skt, t, T, tl.arange(0, BK1), K).to(gc.dtype) * ratio[:, None]
+    return load_tile(k_ptr, skt, t, T, cols, K).to(gc.dtype) * ratio[:, None]
+
+
+@triton.jit
+def decayed_key_tiles(k_ptr, skt, gc_ptr, row0, t, T, K, C: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr):
+    """``(K̃₁, K̃₂)``: :func:`decayed_key_columns` of two key tiles (``[C, BK1]``, ``[C, BK2]``; with one tile the
+    second repeats the first)."""
+    kt1 = decayed_key_columns(k_ptr, skt, gc_ptr, row0, t, T, tl.arange(0, BK1), K, C)
     kt2 = kt1
     if BK2 > 0:
-        kt2 = load_tile(k_ptr, skt, t, T, BK1 + tl.arange(0, BK2), K).to(gc.dtype) * ratio[:, None]
+        kt2 = decayed_key_columns(k_ptr, skt, gc_ptr, row0, t, T, BK1 + tl.arange(0, BK2), K, C)
     return kt1, kt2
 
 
@@ -529,22 +535,21 @@ def level_gram_grads_kernel(
     rc, r1 = tl.arange(0, C), tl.arange(0, BK1)
     # dW = -K̃ G, then dK̃ = -W Gᵀ, each summed over column blocks j of GK keys: blocks of G, W and K̃ small
     # enough for shared memory at K = 256, and two accumulators live at a time
-    gc = tl.load(gc_ptr + row0 + rc)
-    ratio = tl.exp(tl.load(gc_ptr + row0 + C - 1) - gc)
+    acc = gc_ptr.dtype.element_ty
     r2 = BK1 + tl.arange(0, BK2P)
-    d_w1 = tl.zeros((C, BK1), dtype=gc.dtype)
-    d_w2 = tl.zeros((C, BK2P), dtype=gc.dtype)
+    d_w1 = tl.zeros((C, BK1), dtype=acc)
+    d_w2 = tl.zeros((C, BK2P), dtype=acc)
     for j in tl.static_range(NT):
         rj = j * GK + tl.arange(0, GK)
-        kt_j = load_tile(k_ptr, skt, i_c * C + rc, T, rj, K).to(gc.dtype) * ratio[:, None]
+        kt_j = decayed_key_columns(k_ptr, skt, gc_ptr, row0, i_c * C + rc, T, rj, K, C)
         d_w1 -= tl.dot(kt_j, gram_block(gram_ptr, rj, r1, KP), input_precision=IP)
         if BK2 > 0:
             d_w2 -= tl.dot(kt_j, gram_block(gram_ptr, rj, r2, KP), input_precision=IP)
     store_rows(dw_ptr + row0 * KP, KP, rc, r1, d_w1)
     if BK2 > 0:
         store_rows(dw_ptr + row0 * KP, KP, rc, r2, d_w2)
-    d_kt1 = tl.zeros((C, BK1), dtype=gc.dtype)
-    d_kt2 = tl.zeros((C, BK2P), dtype=gc.dtype)
+    d_kt1 = tl.zeros((C, BK1), dtype=acc)
+    d_kt2 = tl.zeros((C, BK2P), dtype=acc)
     for j in tl.static_range(NT):
         rj = j * GK + tl.arange(0, GK)
         w_j = load_rows(w_ptr + row0 * KP, KP, rc, rj)
