@@ -1,5 +1,6 @@
 """The benchmark's bookkeeping: per-kernel work adds up to the schedule's counted work; the profile's table."""
 
+import functools
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -102,8 +103,10 @@ def test_profile_refuses_without_a_gpu():
 
 
 def test_launch_configurations_from_the_command_line():
-    from loglin_edu.bench.measure import launch_config
+    from loglin_edu.bench.profile import model_launch_config
     from loglin_edu.kernels.config import LaunchConfig
+
+    launch_config = functools.partial(model_launch_config, "loglinear_mamba2")
 
     assert launch_config("8,3,4,8") == LaunchConfig(head_group=8, block_levels=3, num_warps=4, tree_warps=8)
     assert launch_config("tree_registers=true, tree_key_split=2,tree_block_levels=none,precision=exact") == LaunchConfig(

@@ -133,14 +133,6 @@ def config_from_spec(spec: str, kind):
     return kind(**fields)
 
 
-def launch_config(spec: str):
-    """A :class:`~loglin_edu.kernels.config.LaunchConfig` from the command line (:func:`config_from_spec`):
-    ``"G,M,W,TW"`` (head_group, block_levels, num_warps, tree_warps) or ``"field=value,..."``."""
-    from ..kernels.config import LaunchConfig
-
-    return config_from_spec(spec, LaunchConfig)
-
-
 def variants(s: Setting, lengths, configs, device, linear: bool = False, on_row=None) -> list[dict]:
     """Our kernel under each launch configuration: forward and forward+backward median ms. ``linear``: the
     chunk-parallel linear Mamba-2 (kernel step 1b) under each ``LinearLaunchConfig`` instead. ``on_row(rows)``,
