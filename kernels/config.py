@@ -259,11 +259,18 @@ def key_tiles(K: int, widest: int = MAX_BLOCK) -> tuple[int, int]:
 
 
 def solve_precision(dtype: torch.dtype) -> str:
-    """``tl.dot`` precision of the ``C × C`` products of the WY form (the triangular solve and its
-    backward): tf32x3 (about fp32 accuracy; a small cost: they do not grow with K or V), exact for fp64.
-    fp32 calls too take tf32x3: exact fp32 products are unrolled multiply-adds, and the solve's ``C / 16 + 16``
-    products alone, exact, make the factors' kernel (step 6) take 3.5 times longer to compile."""
-    return "ieee" if dtype == torch.float64 else "tf32x3"
+    """Precision of the ``C × C`` products of the WY form (the triangular solve and its backward), as
+    :func:`~.tiles.dot_split` takes it: about fp32 accuracy, a small cost (they do not grow with K or V).
+    16-bit inputs multiply in bf16x3 on the GPU (16-bit operands, so that the solve holds its ``C × C`` blocks in
+    registers without spilling; Triton's interpreter computes bf16 products wrongly, so it takes tf32x3 there),
+    fp32 inputs in tf32x3 (fp32 calls need the extra bits, and exact fp32 products are unrolled multiply-adds:
+    the solve's products alone, exact, make the factors' kernel, step 6, take 3.5 times longer to compile),
+    fp64 exactly."""
+    from . import interpreted
+
+    if dtype == torch.float64:
+        return "ieee"
+    return "bf16x3" if dtype in (torch.float16, torch.bfloat16) and not interpreted() else "tf32x3"
 
 
 def chunk_precision(dtype: torch.dtype, precision: str = "fast") -> str:

@@ -13,18 +13,21 @@ it as ``query S``, and the chunk's own tokens reach each other through ``P`` (th
 ``A ⊙ M^S``). Everything a later step needs about a chunk is in these factors; they are computed once,
 all chunks in parallel, grid ``(N, H, B)``.
 
-The triangular solve (:func:`unit_lower_inverse`): forward substitution on the ``16 × 16`` diagonal
-blocks — all blocks at once, one row per block and step, 15 steps — then the blocks below the diagonal
-in ``C / 16 - 1`` products, ``(I + Mb + Mo)⁻¹ = (I + Db Mo)⁻¹ Db`` with ``Db = (I + Mb)⁻¹`` and
-``(I + N)⁻¹ = I - N (I - N (I - ...))`` for the block-nilpotent ``N = Db Mo``. Each step computes what
-block forward substitution computes, so it is as stable as a triangular solve (unlike the Neumann series
-``Σ (-M)^j``, whose terms grow as binomial coefficients when keys are correlated).
+The triangular solve (:func:`unit_lower_inverse`), by recursive doubling: ``X = I`` inverts the ``1 × 1``
+diagonal blocks, and from the inverses of the diagonal blocks of width ``s`` those of width ``2s`` follow as
+``X - X B X``, ``B`` the part of ``M`` that couples the two halves of each ``2s`` block — the block formula
+``[[A, 0], [B, D]]⁻¹ = [[A⁻¹, 0], [-D⁻¹ B A⁻¹, D⁻¹]]`` for every block at once. That is ``log2 C`` steps of two
+``C × C`` products (twelve for ``C = 64``). Each step is the exact inverse of a block triangular matrix, as a
+blocked triangular inversion computes it, so the solve is as stable as one (unlike the Neumann series
+``Σ (-M)^j``, whose terms grow as binomial coefficients when keys are correlated). Its products run in the
+precision :func:`~.config.solve_precision` names, bf16x3 for 16-bit inputs (:func:`~.tiles.dot_split`).
 
-Memory traffic per chunk and head: q, k, v read once; ``W``, ``query`` (``C·K`` each), ``U₀`` (``C·V``),
-``T_β`` and ``P`` (``C²`` each) written in fp32. Work: ``2·C²·(2K + V)`` for ``QKᵀ, KKᵀ`` and the
-factors, ``O(C³)`` for the solve. The key dimension is held whole — the delta rule couples every key
-column — as one tile, or two when ``K > 128`` (``BK1 + BK2``, :func:`~.config.key_tiles`); values are
-read in tiles of ``BV`` columns.
+Memory traffic per chunk and head: v read once, q twice and k three times (the repeats from cache); ``W``, ``query`` (``C·K``
+each), ``U₀`` (``C·V``), ``T_β`` and ``P`` (``C²`` each) written in fp32. Work: ``2·C²·(2K + V)`` for
+``QKᵀ, KKᵀ`` and the factors, ``O(C³)`` for the solve. The delta rule couples every key column, but no
+``[C, K]`` tile is held: the keys are read ``KS <= 64`` columns at a time, in three passes (``K Kᵀ`` before the
+solve, ``Q Kᵀ`` after it, then ``W`` and ``query`` column by column), so that only ``C × C`` blocks stay in
+registers through the solve; values are read in tiles of ``BV`` columns.
 """
 
 from __future__ import annotations
@@ -36,26 +39,21 @@ import triton
 import triton.language as tl
 
 from .config import DeltaLaunchConfig, accumulator_dtype, chunk_precision, head_block, key_tiles, solve_precision
-from .tiles import decay_matrix, load_tile
+from .tiles import decay_matrix, dot_split, load_tile
 
 
 @triton.jit
 def unit_lower_inverse(M, C: tl.constexpr, IP: tl.constexpr):
-    """``(I + M)⁻¹`` for a strictly lower-triangular ``M: [C, C]`` (``C`` a multiple of 16), by block forward
-    substitution (module docstring)."""
+    """``(I + M)⁻¹`` for a strictly lower-triangular ``M: [C, C]`` (``C`` a power of two), by recursive
+    doubling (module docstring): ``X`` holds the inverses of the diagonal blocks of width ``s``; the blocks of
+    width ``2s`` follow as ``X - X B X``, with ``B`` the part of ``M`` that couples two halves of a block."""
     i = tl.arange(0, C)
-    eye = tl.where(i[:, None] == i[None, :], 1.0, 0.0).to(M.dtype)
-    same_block = (i[:, None] // 16) == (i[None, :] // 16)
-    inside = tl.where(same_block, M, 0.0)
-    inverse = eye
-    for row in tl.static_range(1, 16):  # row `row` of every diagonal block, from the rows above it
-        inverse = tl.where((i % 16 == row)[:, None], eye - tl.dot(inside, inverse, input_precision=IP), inverse)
-    if C > 16:
-        below = tl.dot(inverse, tl.where(same_block, 0.0, M), input_precision=IP)  # Db Mo, block-nilpotent
-        solve = eye
-        for _ in tl.static_range(C // 16 - 1):
-            solve = eye - tl.dot(below, solve, input_precision=IP)
-        inverse = tl.dot(solve, inverse, input_precision=IP)
+    inverse = tl.where(i[:, None] == i[None, :], 1.0, 0.0).to(M.dtype)
+    for step in tl.static_range(8):
+        if (1 << step) < C:
+            halves = ((i[:, None] >> (step + 1)) == (i[None, :] >> (step + 1))) & ((i[:, None] >> step) != (i[None, :] >> step))
+            coupling = dot_split(tl.where(halves, M, 0.0), inverse, IP)
+            inverse -= dot_split(inverse, coupling, IP)
     return inverse
 
 
@@ -72,27 +70,19 @@ def load_rows(ptr, row_stride, t, cols):
 
 
 @triton.jit
-def key_tile_products(q_ptr, k_ptr, stride_t, t, T, cols, width, IP: tl.constexpr):
-    """One key tile of the chunk: q, k ``[C, BK]`` at rows ``t`` and columns ``cols`` (zero past ``T`` and
-    ``width``) and their shares of ``Q Kᵀ`` and ``K Kᵀ`` (``[C, C]``), which sum over the key tiles."""
-    q = load_tile(q_ptr, stride_t, t, T, cols, width)
-    k = load_tile(k_ptr, stride_t, t, T, cols, width)
-    return q, k, tl.dot(q, tl.trans(k), input_precision=IP), tl.dot(k, tl.trans(k), input_precision=IP)
-
-
-@triton.jit
 def delta_chunk_kernel(
     q_ptr, k_ptr, v_ptr, beta_ptr, gc_ptr, tb_ptr, p_ptr, w_ptr, query_ptr, u_ptr,
     T, N, H, K, V,
     sqb, sqt, sqh, svb, svt, svh,
-    C: tl.constexpr, BK1: tl.constexpr, BK2: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
+    C: tl.constexpr, KP: tl.constexpr, KS: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     IP: tl.constexpr, IPS: tl.constexpr,
 ):
     """Grid ``(N, H, B)``. q, k: [B, T, H or 1, K]; v: [B, T, H, V]; beta, gc: [B, H, N·C] (fp32, zero past
-    ``T``). Writes T_β, P: [B, H, N, C, C]; W, query: [B, H, N·C, BK1 + BK2]; U₀: [B, H, N·C, NV·BV]."""
+    ``T``). Writes T_β, P: [B, H, N, C, C]; W, query: [B, H, N·C, KP]; U₀: [B, H, N·C, NV·BV]. The key columns
+    are read ``KS`` at a time, ``KP`` (a multiple of ``KS``, at least ``K``) in all."""
     i_c, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bh = (i_b * H + i_h).to(tl.int64)
-    rc, r1 = tl.arange(0, C), tl.arange(0, BK1)
+    rc = tl.arange(0, C)
     t = i_c * C + rc
     q_ptr += i_b.to(tl.int64) * sqb + i_h * sqh
     k_ptr += i_b.to(tl.int64) * sqb + i_h * sqh
@@ -100,29 +90,29 @@ def delta_chunk_kernel(
     rows = bh * N * C + t  # this chunk's rows of the [B, H, N·C, ...] buffers
     gc = tl.load(gc_ptr + rows)
     beta = tl.load(beta_ptr + rows)
-    q1, k1, scores, keys = key_tile_products(q_ptr, k_ptr, sqt, t, T, r1, K, IP)
-    if BK2 > 0:
-        r2 = tl.arange(0, BK2)
-        q2, k2, scores2, keys2 = key_tile_products(q_ptr + BK1, k_ptr + BK1, sqt, t, T, r2, K - BK1, IP)
-        scores += scores2
-        keys += keys2
-    decay = decay_matrix(gc, C)
-    gamma = tl.exp(gc)
+    keys = tl.zeros((C, C), dtype=gc.dtype)
+    for i_k in range(KP // KS):
+        k = load_tile(k_ptr, sqt, t, T, i_k * KS + tl.arange(0, KS), K)
+        keys += tl.dot(k, tl.trans(k), input_precision=IP)
     strict = rc[:, None] > rc[None, :]
-    t_beta = unit_lower_inverse(tl.where(strict, beta[:, None] * decay * keys, 0.0), C, IPS)
-    scores *= decay  # Γ ⊙ Q Kᵀ
+    t_beta = unit_lower_inverse(tl.where(strict, beta[:, None] * decay_matrix(gc, C) * keys, 0.0), C, IPS)
     square = (bh * N + i_c) * C * C + rc[:, None] * C + rc[None, :]
     tl.store(tb_ptr + square, t_beta)
-    tl.store(p_ptr + square, tl.dot(scores, t_beta, input_precision=IPS) * beta[None, :])
+    scores = tl.zeros((C, C), dtype=gc.dtype)
+    for i_k in range(KP // KS):
+        cols = i_k * KS + tl.arange(0, KS)
+        scores += tl.dot(load_tile(q_ptr, sqt, t, T, cols, K), tl.trans(load_tile(k_ptr, sqt, t, T, cols, K)),
+                         input_precision=IP)
+    scores *= decay_matrix(gc, C)  # Γ ⊙ Q Kᵀ
+    tl.store(p_ptr + square, dot_split(scores, t_beta, IPS) * beta[None, :])
+    gamma = tl.exp(gc)
     write = beta * gamma
-    w1 = tl.dot(t_beta, k1.to(gc.dtype) * write[:, None], input_precision=IP)
-    store_rows(w_ptr, BK1 + BK2, rows, r1, w1)
-    store_rows(query_ptr, BK1 + BK2, rows, r1, q1.to(gc.dtype) * gamma[:, None] - tl.dot(scores, w1, input_precision=IP))
-    if BK2 > 0:
-        w2 = tl.dot(t_beta, k2.to(gc.dtype) * write[:, None], input_precision=IP)
-        store_rows(w_ptr + BK1, BK1 + BK2, rows, r2, w2)
-        store_rows(query_ptr + BK1, BK1 + BK2, rows, r2,
-                   q2.to(gc.dtype) * gamma[:, None] - tl.dot(scores, w2, input_precision=IP))
+    for i_k in range(KP // KS):  # W and query, KS key columns at a time
+        cols = i_k * KS + tl.arange(0, KS)
+        w = tl.dot(t_beta, load_tile(k_ptr, sqt, t, T, cols, K).to(gc.dtype) * write[:, None], input_precision=IP)
+        store_rows(w_ptr, KP, rows, cols, w)
+        query = load_tile(q_ptr, sqt, t, T, cols, K).to(gc.dtype) * gamma[:, None]
+        store_rows(query_ptr, KP, rows, cols, query - tl.dot(scores, w, input_precision=IP))
     for i_v in range(NV):
         cols = i_v * BV + tl.arange(0, BV)
         v = load_tile(v_ptr, svt, t, T, cols, V).to(gc.dtype)
@@ -182,7 +172,7 @@ def delta_chunks(q, k, v, beta, log_decay, chunk_size: int = 64,
     delta_chunk_kernel[(N, H, B)](
         q, k, v, beta_c, gc, out.t_beta, out.intra, out.w, out.query, out.u, T, N, H, K, V,
         q.stride(0), q.stride(1), 0 if Hk == 1 else q.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        C=chunk_size, BK1=BK1, BK2=BK2, BV=BV, NV=NV, IP=chunk_precision(q.dtype, config.precision),
+        C=chunk_size, KP=BK1 + BK2, KS=min(BK2 or BK1, 64), BV=BV, NV=NV, IP=chunk_precision(q.dtype, config.precision),
         IPS=solve_precision(q.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out

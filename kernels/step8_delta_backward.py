@@ -73,7 +73,7 @@ from .config import DeltaLaunchConfig, accumulator_dtype, chunk_precision, dot_p
 from .inputs import reverse_cumsum
 from .step6_delta_chunks import DeltaChunks, load_rows, store_rows, value_tiles
 from .step7_delta_levels import first_slots, load_transition, walk_table
-from .tiles import (decay_matrix, fenwick_levels, load_level_column, load_level_scale_matrix, load_tile,
+from .tiles import (decay_matrix, dot_split, fenwick_levels, load_level_column, load_level_scale_matrix, load_tile,
                     store_level_column, store_level_sums, store_tile, trailing_ones)
 
 SOLVE_KEY_TILE = 32  # key columns the WY backward's pass over the keys holds at once (wider tiles spill registers)
@@ -781,8 +781,7 @@ def delta_chunk_solve_bwd_kernel(
     scores = decay_matrix(gc, C) * key_products(q_ptr, k_ptr, sqt, rc, T_c, K, gc.dtype, BK1, BK2, KS1, KS2, False,
                                                 IP)  # Γ ⊙ Q Kᵀ
     beta = tl.load(beta_ptr + rc)
-    d_scores = tl.dot(tl.load(dsq_ptr + C * C + within) * beta[None, :], tl.trans(tl.load(tb_ptr + within)),
-                      input_precision=IPS)
+    d_scores = dot_split(tl.load(dsq_ptr + C * C + within) * beta[None, :], tl.trans(tl.load(tb_ptr + within)), IPS)
     d_kw = tl.zeros((C, C), dtype=gc.dtype)  # K dWᵀ
     d_gamma = tl.zeros((C,), dtype=gc.dtype)
     d_ratio = tl.zeros((C,), dtype=gc.dtype)
@@ -803,11 +802,11 @@ def delta_chunk_solve_bwd_kernel(
     gamma = tl.exp(gc)
     d_t = tl.load(dsq_ptr + within) + tl.trans(d_kw) * (beta * gamma)[None, :]
     d_intra = tl.load(dsq_ptr + C * C + within)  # dP
-    d_beta = tl.load(dbeta_ptr + rc) + gamma * kd + tl.sum(tl.dot(scores, t_beta, input_precision=IPS) * d_intra, 0)
-    d_t += tl.dot(tl.trans(scores), d_intra * beta[None, :], input_precision=IPS)
+    d_beta = tl.load(dbeta_ptr + rc) + gamma * kd + tl.sum(dot_split(scores, t_beta, IPS) * d_intra, 0)
+    d_t += dot_split(tl.trans(scores), d_intra * beta[None, :], IPS)
     d_gamma += beta * kd
     # the triangular solve: T_β = (I + M)⁻¹ with M = strict_lower(diag(β) (Γ ⊙ K Kᵀ))
-    d_m = -tl.dot(tl.dot(tl.trans(t_beta), d_t, input_precision=IPS), tl.trans(t_beta), input_precision=IPS)
+    d_m = -dot_split(dot_split(tl.trans(t_beta), d_t, IPS), tl.trans(t_beta), IPS)
     d_m = tl.where(rc[:, None] > rc[None, :], d_m, 0.0) * decay_matrix(gc, C)
     kk = key_products(q_ptr, k_ptr, sqt, rc, T_c, K, gc.dtype, BK1, BK2, KS1, KS2, True, IP)
     d_beta += tl.sum(d_m * kk, 1)

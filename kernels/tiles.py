@@ -44,6 +44,22 @@ def split16(x, dtype):
 
 
 @triton.jit
+def dot_split(a, b, IP: tl.constexpr):
+    """``a b`` for fp32 (or fp64) ``a: [M, K]``, ``b: [K, N]``, in the precision ``IP``: a ``tl.dot``
+    input precision, or ``"bf16x3"`` — both operands split in two bf16 parts (:func:`split16`) and the three
+    products that matter summed, ``a_hi b_hi + a_hi b_lo + a_lo b_hi``: about 2^-16 relative, like tf32x3's
+    2^-21 a product of parts, but with 16-bit operands, which take half the registers."""
+    if IP == "bf16x3":
+        a_hi, a_lo = split16(a, tl.bfloat16)
+        b_hi, b_lo = split16(b, tl.bfloat16)
+        out = tl.dot(a_lo, b_hi)
+        out = tl.dot(a_hi, b_lo, out)
+        return tl.dot(a_hi, b_hi, out)
+    else:
+        return tl.dot(a, b, input_precision=IP)
+
+
+@triton.jit
 def decay_matrix(gc, C: tl.constexpr):
     """``E[i, j] = exp(gc_i - gc_j)`` for ``j <= i``, 0 above: the chunk's block of ``M^S``. gc: [C] -> [C, C]."""
     i = tl.arange(0, C)
