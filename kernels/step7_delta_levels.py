@@ -58,40 +58,27 @@ def read_slot(first_ptr, c, level):
 
 
 @triton.jit
-def load_transition(k_ptr, skt, w_ptr, gc_ptr, t, rows, last_row, T, K,
-                    BK1: tl.constexpr, BK2: tl.constexpr):
-    """Chunk factors of ``Φ``: ``(γ_C, K̃₁, K̃₂, W₁, W₂)`` — the two key tiles of ``K̃ = diag(γ_C/γ) K`` and ``W``
-    (``[C, BK1]``, ``[C, BK2]``; with one tile the second pair repeats the first and is never used)."""
-    gc = tl.load(gc_ptr + rows)
-    g_last = tl.load(gc_ptr + last_row)
-    ratio = tl.exp(g_last - gc)
+def carry(s1, s2, k_ptr, skt, w_ptr, gc_ptr, t, rows, last_row, T, K, u,
+          BK1: tl.constexpr, BK2: tl.constexpr, IP: tl.constexpr):
+    """``γ_C S + K̃ᵀ (u - W S)`` for the state ``S = [s1; s2]`` (``[BK1 + BK2, BV]``): the transition of the chunk
+    with tokens ``t`` (rows ``rows`` of the w, gc buffers; ``last_row`` its last), plus its write when ``u = U₀``
+    (``u = 0``: the transition alone). ``K̃ = diag(γ_C / γ) K``; each factor is loaded just before its product
+    (W, then K), so that only one of them is in registers beside the state."""
     r1 = tl.arange(0, BK1)
     inside = t[:, None] < T
-    kt1 = tl.load(k_ptr + t[:, None].to(tl.int64) * skt + r1[None, :], mask=inside & (r1[None, :] < K), other=0.0)
-    kt1 = kt1.to(gc.dtype) * ratio[:, None]
-    w1 = tl.load(w_ptr + rows[:, None] * (BK1 + BK2) + r1[None, :])
+    y = tl.dot(tl.load(w_ptr + rows[:, None] * (BK1 + BK2) + r1[None, :]), s1, input_precision=IP)
     if BK2 > 0:
         r2 = BK1 + tl.arange(0, BK2)
-        kt2 = tl.load(k_ptr + t[:, None].to(tl.int64) * skt + r2[None, :], mask=inside & (r2[None, :] < K), other=0.0)
-        kt2 = kt2.to(gc.dtype) * ratio[:, None]
-        w2 = tl.load(w_ptr + rows[:, None] * (BK1 + BK2) + r2[None, :])
-    else:
-        kt2 = kt1
-        w2 = w1
-    return tl.exp(g_last), kt1, kt2, w1, w2
-
-
-@triton.jit
-def carry(s1, s2, decay, kt1, kt2, w1, w2, u, BK2: tl.constexpr, IP: tl.constexpr):
-    """``γ_C S + K̃ᵀ (u - W S)`` for the state ``S = [s1; s2]`` (``[BK1 + BK2, BV]``): the chunk's transition,
-    plus its write when ``u = U₀`` (``u = 0``: the transition alone)."""
-    y = tl.dot(w1, s1, input_precision=IP)
+        y += tl.dot(tl.load(w_ptr + rows[:, None] * (BK1 + BK2) + r2[None, :]), s2, input_precision=IP)
+    gc = tl.load(gc_ptr + rows)
+    g_last = tl.load(gc_ptr + last_row)
+    pseudo = (u - y) * tl.exp(g_last - gc)[:, None]  # diag(γ_C / γ) (u - W S): K̃ᵀ (u - W S) = Kᵀ pseudo
+    decay = tl.exp(g_last)
+    k1 = tl.load(k_ptr + t[:, None].to(tl.int64) * skt + r1[None, :], mask=inside & (r1[None, :] < K), other=0.0)
+    s1 = decay * s1 + tl.dot(tl.trans(k1.to(s1.dtype)), pseudo, input_precision=IP)
     if BK2 > 0:
-        y += tl.dot(w2, s2, input_precision=IP)
-    pseudo = u - y
-    s1 = decay * s1 + tl.dot(tl.trans(kt1), pseudo, input_precision=IP)
-    if BK2 > 0:
-        s2 = decay * s2 + tl.dot(tl.trans(kt2), pseudo, input_precision=IP)
+        k2 = tl.load(k_ptr + t[:, None].to(tl.int64) * skt + r2[None, :], mask=inside & (r2[None, :] < K), other=0.0)
+        s2 = decay * s2 + tl.dot(tl.trans(k2.to(s1.dtype)), pseudo, input_precision=IP)
     return s1, s2
 
 
@@ -121,10 +108,8 @@ def level_walk_kernel(
     for i in range(half):  # the left half: build its state
         c = start + i
         t = c * C + rc
-        decay, kt1, kt2, w1, w2 = load_transition(k_ptr, skt, w_ptr, gc_ptr, t, base + t, base + c * C + C - 1, T, K,
-                                                  BK1, BK2)
         u = load_rows(u_ptr, VP, base + t, rv)
-        s1, s2 = carry(s1, s2, decay, kt1, kt2, w1, w2, u, BK2, IP)
+        s1, s2 = carry(s1, s2, k_ptr, skt, w_ptr, gc_ptr, t, base + t, base + c * C + C - 1, T, K, u, BK1, BK2, IP)
     for i in range(half):  # the right half: each chunk reads the state, which is carried on to the next
         c = start + half + i
         if c < N:
@@ -135,9 +120,8 @@ def level_walk_kernel(
                 tl.store(x_ptr + offset + (BK1 + tl.arange(0, BK2))[:, None] * VP, s2)
             if (i + 1 < half) & (c + 1 < N):
                 t = c * C + rc
-                decay, kt1, kt2, w1, w2 = load_transition(k_ptr, skt, w_ptr, gc_ptr, t, base + t, base + c * C + C - 1,
-                                                          T, K, BK1, BK2)
-                s1, s2 = carry(s1, s2, decay, kt1, kt2, w1, w2, tl.zeros((C, BV), dtype=s1.dtype), BK2, IP)
+                s1, s2 = carry(s1, s2, k_ptr, skt, w_ptr, gc_ptr, t, base + t, base + c * C + C - 1, T, K,
+                               tl.zeros((C, BV), dtype=s1.dtype), BK1, BK2, IP)
 
 
 @triton.jit
@@ -170,8 +154,6 @@ def level_state_walk_kernel(
         reads = later - first
         merges = trailing_ones(c, n_levels)
         t = c * C + rc
-        decay, kt1, kt2, w1, w2 = load_transition(k_ptr, skt, w_ptr, gc_ptr, t, base + t, base + c * C + C - 1, T, K,
-                                                  BK1, BK2)
         s1 = tl.zeros((BK1, BV), dtype=gc_ptr.dtype.element_ty)
         s2 = tl.zeros((BK2P, BV), dtype=gc_ptr.dtype.element_ty)
         for rank in range(merges):  # the merged levels' sum
@@ -186,7 +168,7 @@ def level_state_walk_kernel(
                 u = tl.zeros((C, BV), dtype=s1.dtype)
             else:
                 u = load_rows(u_ptr, VP, base + t, rv)
-            s1, s2 = carry(s1, s2, decay, kt1, kt2, w1, w2, u, BK2, IP)
+            s1, s2 = carry(s1, s2, k_ptr, skt, w_ptr, gc_ptr, t, base + t, base + c * C + C - 1, T, K, u, BK1, BK2, IP)
             slot = x_ptr + (later + rank - merges + 1).to(tl.int64) * KP * VP
             tl.store(slot + r1[:, None] * VP, s1)
             if BK2 > 0:

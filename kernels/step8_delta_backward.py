@@ -72,7 +72,7 @@ from ..fenwick import num_chunk_levels
 from .config import DeltaLaunchConfig, accumulator_dtype, chunk_precision, dot_precision, key_tiles, solve_precision
 from .inputs import reverse_cumsum
 from .step6_delta_chunks import DeltaChunks, load_rows, store_rows, value_tiles
-from .step7_delta_levels import first_slots, load_transition, walk_table
+from .step7_delta_levels import first_slots, walk_table
 from .tiles import (decay_matrix, dot_split, fenwick_levels, load_level_column, load_level_scale_matrix, load_tile,
                     store_level_column, store_level_sums, store_tile, trailing_ones)
 
@@ -384,6 +384,21 @@ def load_adjoint(slot_ptr, rv, BK1: tl.constexpr, BK2: tl.constexpr, BK2P: tl.co
 
 
 @triton.jit
+def add_read_and_store(a1, a2, scaled, lam_ptr, slt, t, T, L, level, query, slot_ptr, rv,
+                       BK1: tl.constexpr, BK2: tl.constexpr, BK2P: tl.constexpr, VP, IP: tl.constexpr):
+    """Store ``A = [a1, a2] + ((diag(λ_level) dO)ᵀ query)`` (held transposed, ``[BV, BK1 + BK2]``) in the
+    ``[KP, VP]`` block at ``slot_ptr``: the adjoint of a read state, its own read added. scaled: ``dOᵀ``
+    (``[BV, C]``); query: pointers ``[C, 1]`` to the chunk's query rows."""
+    read = scaled * load_level_column(lam_ptr, slt, t, T, L, level, a1.dtype)[None, :]
+    a1 += tl.dot(read, tl.load(query + tl.arange(0, BK1)[None, :]), input_precision=IP)
+    columns = (slot_ptr + rv)[:, None]
+    tl.store(columns + tl.arange(0, BK1)[None, :] * VP, a1)
+    if BK2 > 0:
+        a2 += tl.dot(read, tl.load(query + (BK1 + tl.arange(0, BK2P))[None, :]), input_precision=IP)
+        tl.store(columns + (BK1 + tl.arange(0, BK2P))[None, :] * VP, a2)
+
+
+@triton.jit
 def level_adjoint_walk_kernel(
     k_ptr, w_ptr, query_ptr, gc_ptr, lam_ptr, do_ptr, first_ptr, a_ptr,
     T, N, H, K, V, L, n_levels, NX,
@@ -428,26 +443,21 @@ def level_adjoint_walk_kernel(
         if (merges > 0) & (c + 1 < N):
             m1, m2 = load_adjoint(a_ptr + later.to(tl.int64) * KP * VP, rv, BK1, BK2, BK2P, VP)
             m1, m2 = carry_back(m1, m2, k_c, skt, w_c, gc_c, rc, T - c * C, K, BK1, BK2, IP)
-        rank = 0
-        for bit in range(n_levels):
+        slots = a_ptr + first.to(tl.int64) * KP * VP
+        for bit in range(merges):  # the merged levels (the trailing ones of c) all start from Φ_cᵀ A_{c+1, j+1}
+            add_read_and_store(m1, m2, scaled, lam_ptr, slt, t, T, L, C_LOG + bit + 1, query, slots + bit * KP * VP,
+                               rv, BK1, BK2, BK2P, VP, IP)
+        rank = merges
+        for bit in range(merges + 1, n_levels):  # every level above alone (bit `merges` of c is clear)
             if ((c >> bit) & 1) == 1:
-                a1, a2 = m1, m2
-                if (bit >= merges) & (c + 1 < N):
+                a1 = tl.zeros((BV, BK1), dtype=m1.dtype)
+                a2 = tl.zeros((BV, BK2P), dtype=m1.dtype)
+                if c + 1 < N:
                     a1, a2 = load_adjoint(a_ptr + (later + rank - merges + 1).to(tl.int64) * KP * VP, rv, BK1, BK2,
                                           BK2P, VP)
                     a1, a2 = carry_back(a1, a2, k_c, skt, w_c, gc_c, rc, T - c * C, K, BK1, BK2, IP)
-                elif bit >= merges:
-                    a1 = tl.zeros((BV, BK1), dtype=m1.dtype)
-                    a2 = tl.zeros((BV, BK2P), dtype=m1.dtype)
-                lam = load_level_column(lam_ptr, slt, t, T, L, C_LOG + bit + 1, m1.dtype)
-                read = scaled * lam[None, :]  # (diag(λ_a) dO)ᵀ: [BV, C]
-                a1 += tl.dot(read, tl.load(query + r1[None, :]), input_precision=IP)
-                if BK2 > 0:
-                    a2 += tl.dot(read, tl.load(query + (BK1 + tl.arange(0, BK2P))[None, :]), input_precision=IP)
-                slot = (a_ptr + (first + rank).to(tl.int64) * KP * VP + rv)[:, None]
-                tl.store(slot + r1[None, :] * VP, a1)
-                if BK2 > 0:
-                    tl.store(slot + (BK1 + tl.arange(0, BK2P))[None, :] * VP, a2)
+                add_read_and_store(a1, a2, scaled, lam_ptr, slt, t, T, L, C_LOG + bit + 1, query,
+                                   slots + rank * KP * VP, rv, BK1, BK2, BK2P, VP, IP)
                 rank += 1
         tl.debug_barrier()  # chunk c's adjoints are stored before any thread loads them for chunk c - 1
 
