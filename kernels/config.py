@@ -260,7 +260,8 @@ def key_tiles(K: int, widest: int = MAX_BLOCK) -> tuple[int, int]:
 
 def solve_precision(dtype: torch.dtype) -> str:
     """Precision of the ``C × C`` products of the WY form (the triangular solve and its backward), as
-    :func:`~.tiles.dot_split` takes it: about fp32 accuracy, a small cost (they do not grow with K or V).
+    :func:`~.tiles.dot_split` takes it: well below the inputs' rounding, at a small cost (they do not grow with
+    K or V).
     16-bit inputs multiply in bf16x3 on the GPU (16-bit operands, so that the solve holds its ``C × C`` blocks in
     registers without spilling; Triton's interpreter computes bf16 products wrongly, so it takes tf32x3 there),
     fp32 inputs in tf32x3 (fp32 calls need the extra bits, and exact fp32 products are unrolled multiply-adds:
