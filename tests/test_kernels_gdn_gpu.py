@@ -101,7 +101,7 @@ def test_profile_times_every_kernel_of_both_phases_with_its_registers():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_the_solve_of_16_bit_inputs_keeps_fp32_accuracy(dtype):
+def test_the_wy_solve_of_16_bit_inputs_is_far_finer_than_their_rounding(dtype):
     """16-bit inputs solve for ``T_β`` in bf16x3 products (:func:`~loglin_edu.kernels.tiles.dot_split`): within
     1e-4 of the float64 inverse of the same rounded inputs, where a single bf16 or tf32 pass would be 1e-3 to
     1e-2 off."""
