@@ -16,7 +16,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 setup: $(VENV)/.installed
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 test-fast: setup
 	$(PY) -m pytest -q -x -n 2 -m "not slow and not gpu"

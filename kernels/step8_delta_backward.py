@@ -384,11 +384,12 @@ def load_adjoint(slot_ptr, rv, BK1: tl.constexpr, BK2: tl.constexpr, BK2P: tl.co
 
 
 @triton.jit
-def add_read_and_store(a1, a2, scaled, lam_ptr, slt, t, T, L, level, query, slot_ptr, rv,
+def add_read_and_store(a1, a2, do_rows, do_mask, lam_ptr, slt, t, T, L, level, query, slot_ptr, rv,
                        BK1: tl.constexpr, BK2: tl.constexpr, BK2P: tl.constexpr, VP, IP: tl.constexpr):
     """Store ``A = [a1, a2] + ((diag(λ_level) dO)ᵀ query)`` (held transposed, ``[BV, BK1 + BK2]``) in the
     ``[KP, VP]`` block at ``slot_ptr``: the adjoint of a read state, its own read added. scaled: ``dOᵀ``
     (``[BV, C]``); query: pointers ``[C, 1]`` to the chunk's query rows."""
+    scaled = tl.load(do_rows, mask=do_mask, other=0.0).to(a1.dtype)
     read = scaled * load_level_column(lam_ptr, slt, t, T, L, level, a1.dtype)[None, :]
     a1 += tl.dot(read, tl.load(query + tl.arange(0, BK1)[None, :]), input_precision=IP)
     columns = (slot_ptr + rv)[:, None]
@@ -435,8 +436,8 @@ def level_adjoint_walk_kernel(
         merges = trailing_ones(c, n_levels)
         k_c, w_c, gc_c = k_ptr + (c * C).to(tl.int64) * skt, w_ptr + c * C * KP, gc_ptr + c * C
         t = c * C + rc
-        scaled = tl.load(do_ptr + t[None, :].to(tl.int64) * sdot + rv[:, None],
-                         mask=(t[None, :] < T) & (i_v * BV + rv[:, None] < V), other=0.0).to(gc_ptr.dtype.element_ty)
+        do_rows = do_ptr + t[None, :].to(tl.int64) * sdot + rv[:, None]
+        do_mask = (t[None, :] < T) & (i_v * BV + rv[:, None] < V)
         query = (query_ptr + c * C * KP + rc * KP)[:, None]
         m1 = tl.zeros((BV, BK1), dtype=gc_ptr.dtype.element_ty)  # Φ_cᵀ A_{c+1, j+1}, shared by the merged levels
         m2 = tl.zeros((BV, BK2P), dtype=gc_ptr.dtype.element_ty)
@@ -445,7 +446,7 @@ def level_adjoint_walk_kernel(
             m1, m2 = carry_back(m1, m2, k_c, skt, w_c, gc_c, rc, T - c * C, K, BK1, BK2, IP)
         slots = a_ptr + first.to(tl.int64) * KP * VP
         for bit in range(merges):  # the merged levels (the trailing ones of c) all start from Φ_cᵀ A_{c+1, j+1}
-            add_read_and_store(m1, m2, scaled, lam_ptr, slt, t, T, L, C_LOG + bit + 1, query, slots + bit * KP * VP,
+            add_read_and_store(m1, m2, do_rows, do_mask, lam_ptr, slt, t, T, L, C_LOG + bit + 1, query, slots + bit * KP * VP,
                                rv, BK1, BK2, BK2P, VP, IP)
         rank = merges
         for bit in range(merges + 1, n_levels):  # every level above alone (bit `merges` of c is clear)
@@ -456,7 +457,7 @@ def level_adjoint_walk_kernel(
                     a1, a2 = load_adjoint(a_ptr + (later + rank - merges + 1).to(tl.int64) * KP * VP, rv, BK1, BK2,
                                           BK2P, VP)
                     a1, a2 = carry_back(a1, a2, k_c, skt, w_c, gc_c, rc, T - c * C, K, BK1, BK2, IP)
-                add_read_and_store(a1, a2, scaled, lam_ptr, slt, t, T, L, C_LOG + bit + 1, query,
+                add_read_and_store(a1, a2, do_rows, do_mask, lam_ptr, slt, t, T, L, C_LOG + bit + 1, query,
                                    slots + rank * KP * VP, rv, BK1, BK2, BK2P, VP, IP)
                 rank += 1
         tl.debug_barrier()  # chunk c's adjoints are stored before any thread loads them for chunk c - 1
