@@ -45,10 +45,11 @@ def split16(x, dtype):
 
 @triton.jit
 def dot_split(a, b, IP: tl.constexpr):
-    """``a b`` for fp32 (or fp64) ``a: [M, K]``, ``b: [K, N]``, in the precision ``IP``: a ``tl.dot``
-    input precision, or ``"bf16x3"`` — both operands split in two bf16 parts (:func:`split16`) and the three
-    products that matter summed, ``a_hi b_hi + a_hi b_lo + a_lo b_hi``: about 2^-16 relative, like tf32x3's
-    2^-21 a product of parts, but with 16-bit operands, which take half the registers."""
+    """``a b`` for fp32 ``a: [M, K]``, ``b: [K, N]`` (fp32 accumulation: ``[M, N]``), in the precision ``IP``:
+    a ``tl.dot`` input precision, or ``"bf16x3"``: both operands split in two bf16 parts (:func:`split16`) and
+    the three products that matter summed, ``a_hi b_hi + a_hi b_lo + a_lo b_hi`` (each exact, the dropped
+    ``a_lo b_lo`` about 2^-16 of the whole). tf32x3 does the same with tf32 parts, to about 2^-21; bf16x3's
+    operands are 16-bit, half the registers of tf32's, and its products run at twice tf32's rate."""
     if IP == "bf16x3":
         a_hi, a_lo = split16(a, tl.bfloat16)
         b_hi, b_lo = split16(b, tl.bfloat16)
