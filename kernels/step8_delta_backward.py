@@ -387,10 +387,10 @@ def load_adjoint(slot_ptr, rv, BK1: tl.constexpr, BK2: tl.constexpr, BK2P: tl.co
 def add_read_and_store(a1, a2, do_rows, do_mask, lam_ptr, slt, t, T, L, level, query, slot_ptr, rv,
                        BK1: tl.constexpr, BK2: tl.constexpr, BK2P: tl.constexpr, VP, IP: tl.constexpr):
     """Store ``A = [a1, a2] + ((diag(λ_level) dO)ᵀ query)`` (held transposed, ``[BV, BK1 + BK2]``) in the
-    ``[KP, VP]`` block at ``slot_ptr``: the adjoint of a read state, its own read added. scaled: ``dOᵀ``
-    (``[BV, C]``); query: pointers ``[C, 1]`` to the chunk's query rows."""
-    scaled = tl.load(do_rows, mask=do_mask, other=0.0).to(a1.dtype)
-    read = scaled * load_level_column(lam_ptr, slt, t, T, L, level, a1.dtype)[None, :]
+    ``[KP, VP]`` block at ``slot_ptr``: the adjoint of a read state, its own read added. do_rows, do_mask:
+    pointers and mask of ``dOᵀ`` (``[BV, C]``), loaded here rather than held by the caller; query: pointers
+    ``[C, 1]`` to the chunk's query rows."""
+    read = tl.load(do_rows, mask=do_mask, other=0.0).to(a1.dtype) * load_level_column(lam_ptr, slt, t, T, L, level, a1.dtype)[None, :]
     a1 += tl.dot(read, tl.load(query + tl.arange(0, BK1)[None, :]), input_precision=IP)
     columns = (slot_ptr + rv)[:, None]
     tl.store(columns + tl.arange(0, BK1)[None, :] * VP, a1)
@@ -420,7 +420,7 @@ def level_adjoint_walk_kernel(
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     KP = BK1 + BK2
-    rc, rv, r1 = tl.arange(0, C), tl.arange(0, BV), tl.arange(0, BK1)
+    rc, rv = tl.arange(0, C), tl.arange(0, BV)
     k_ptr += i_b.to(tl.int64) * skb + i_h * skh
     lam_ptr += i_b.to(tl.int64) * slb + i_h * slh
     do_ptr += i_b.to(tl.int64) * sdob + i_h * sdoh + i_v * BV

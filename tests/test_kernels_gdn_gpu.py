@@ -102,11 +102,13 @@ def test_profile_times_every_kernel_of_both_phases_with_its_registers():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_the_wy_solve_of_16_bit_inputs_is_far_finer_than_their_rounding(dtype):
-    """16-bit inputs solve for ``T_β`` in bf16x3 products (:func:`~loglin_edu.kernels.tiles.dot_split`): within
-    1e-4 of the float64 inverse of the same rounded inputs, where a single bf16 or tf32 pass would be 1e-3 to
-    1e-2 off."""
+    """16-bit inputs solve for ``T_β`` in bf16x3 products (:func:`~loglin_edu.kernels.tiles.dot_split`): the
+    entries below the diagonal (the identity aside, all the solve computes) within 1e-3 of the float64 inverse of
+    the same rounded inputs, under bf16's own rounding of 2^-8 ≈ 3.9e-3."""
+    from loglin_edu.kernels.config import solve_precision
     from loglin_edu.kernels.step6_delta_chunks import delta_chunks
 
+    assert solve_precision(dtype) == "bf16x3"
     B, T, H, K, V, C = 2, 512, 3, 192, 64, 64
     torch.manual_seed(0)
     k = torch.nn.functional.normalize(torch.randn(B, T, H, K, device="cuda"), dim=-1).to(dtype)
@@ -118,7 +120,7 @@ def test_the_wy_solve_of_16_bit_inputs_is_far_finer_than_their_rounding(dtype):
     kc = k.double().permute(0, 2, 1, 3).reshape(B, H, -1, C, K)
     bc = out.beta.double().view(B, H, -1, C)
     decay = torch.tril((gc[..., :, None] - gc[..., None, :]).exp())
-    a_beta = torch.eye(C, dtype=torch.float64, device="cuda") + torch.tril(bc[..., :, None] * decay * (kc @ kc.mT), -1)
-    expected = torch.linalg.inv(a_beta)
-    error = torch.linalg.vector_norm(out.t_beta.double() - expected) / torch.linalg.vector_norm(expected)
-    assert error < 1e-4, f"T_β relative error {error:.2e}"
+    eye = torch.eye(C, dtype=torch.float64, device="cuda")
+    expected = torch.linalg.inv(eye + torch.tril(bc[..., :, None] * decay * (kc @ kc.mT), -1)) - eye
+    error = torch.linalg.vector_norm(out.t_beta.double() - eye - expected) / torch.linalg.vector_norm(expected)
+    assert error < 1e-3, f"T_β relative error below the diagonal {error:.2e}"
