@@ -314,11 +314,7 @@ class DeltaLaunchConfig:
         the forward's walks (32 by default: on an H200 as fast as 64 with many sequences, faster with one long one);
     gram_grads: with ``backward_walk="levels"``, the level gradients of the chunk factors through one ``K × K``
         product per chunk, ``G = Σ_ℓ D_ℓ S_ℓᵀ`` (``level_gram_kernel``); ``False``: level by level
-        (``level_write_grad_kernel`` and ``level_transition_grad_kernel``);
-    slot_gram: with ``backward_walk="stacked"``, who forms each chunk's ``G``: ``"blocks"``, one program per
-        ``GK × GK`` block of it (step 8's ``slot_gram_kernel``; every block reads the chunk's adjoints and states
-        again), or ``"chunk"``, one program for all of it (``chunk_gram_kernel``; each tile read once, a ``K × K``
-        fp32 accumulator in registers, two launches at ``K = 256``).
+        (``level_write_grad_kernel`` and ``level_transition_grad_kernel``).
     """
 
     key_tile: int = MAX_BLOCK
@@ -334,13 +330,10 @@ class DeltaLaunchConfig:
     backward_walk: str = "stacked"
     adjoint_value_tile: int | None = 32
     gram_grads: bool = True
-    slot_gram: str = "blocks"
 
     def __post_init__(self) -> None:
         if self.precision not in DELTA_PRECISIONS:
             raise ValueError(f"precision must be one of {DELTA_PRECISIONS}, got {self.precision!r}")
-        if self.slot_gram not in ("blocks", "chunk"):
-            raise ValueError(f"slot_gram must be 'blocks' or 'chunk', got {self.slot_gram!r}")
         for name in ("forward_walk", "backward_walk"):
             if getattr(self, name) not in ("stacked", "levels"):
                 raise ValueError(f"{name} must be 'stacked' or 'levels', got {getattr(self, name)!r}")

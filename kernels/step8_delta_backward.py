@@ -79,15 +79,6 @@ from .tiles import (decay_matrix, dot_split, fenwick_levels, load_level_column, 
 SOLVE_KEY_TILE = 32  # key columns the WY backward's pass over the keys holds at once (wider tiles spill registers)
 QK_KEY_TILE = 64  # key columns of one program of dq, dk (the rows of a Hopper product of the chunk's C × C blocks)
 VALUE_SUB_TILE = 32  # value columns the WY backward's pass over the values holds at once
-CHUNK_GRAM_VALUE_TILE = 16  # value columns chunk_gram_kernel reads at once, beside its [KP, KP] accumulator
-CHUNK_GRAM_WARPS = 8  # warps of chunk_gram_kernel
-
-
-def chunk_gram_rows(BK1: int, BK2: int) -> tuple[int, ...]:
-    """The launches of :func:`chunk_gram_kernel` (its ``ROWS``) for key tiles ``BK1``, ``BK2``: one program per chunk
-    for all of G while its accumulator, ``(BK1 + BK2)²`` fp32 numbers, fits 144 registers a thread of
-    :data:`CHUNK_GRAM_WARPS` warps (``K`` up to 192); beyond, one launch per key tile's rows (``K = 256``)."""
-    return (0,) if (BK1 + BK2) ** 2 <= 144 * 32 * CHUNK_GRAM_WARPS else (1, 2)
 
 
 @triton.jit
@@ -519,89 +510,6 @@ def slot_gram_kernel(
 
 
 @triton.jit
-def chunk_gram_kernel(
-    a_ptr, x_ptr, first_ptr, gram_ptr, dgamma_ptr, N, n_levels, NX,
-    BK1: tl.constexpr, BK2: tl.constexpr, BK2P: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr, NT: tl.constexpr,
-    ROWS: tl.constexpr, IP: tl.constexpr,
-):
-    """Grid ``(N, B·H)``, with ``DeltaLaunchConfig(slot_gram="chunk")``: what :func:`slot_gram_kernel` computes,
-    chunk ``i_c``'s ``G = Σ_ℓ D_ℓ S_ℓᵀ`` (``[KP, KP]``, ``KP = BK1 + BK2``; ``BK2P``: ``BK2``,
-    at least 16) from the stacked walk's adjoints (:func:`level_adjoint_walk_kernel`): the adjoint leaving chunk
-    ``c`` of the merged level is ``A_{c+1, j+1}``, its state ``Σ_{a ≤ j} X_{c,a}``; every level ``a`` above
-    carries ``X_{c,a}`` into ``A_{c+1,a}``:
-
-        G = A_{c+1, j+1} (Σ_{a ≤ j} X_{c,a})ᵀ + Σ_{a > j+1} A_{c+1,a} X_{c,a}ᵀ,      D_left = A_{c+1, j+1}
-
-    (zero for the last chunk). ``ROWS = 0``: one program holds all of G, as the four blocks of the two key tiles,
-    so that every ``[KP, BV]`` tile of an adjoint and a state is read once (:func:`slot_gram_kernel`, a program per
-    ``GK × GK`` block, reads each ``KP / GK`` times, and moves far more bytes than it multiplies); ``ROWS = 1`` or ``2``: the
-    rows of the first or the second key tile only (two launches, for a G too large for one program's registers).
-    ``Σ <D_ℓ, S_ℓ>`` over those rows, summed exactly, goes to part ``ROWS - 1`` (ROWS = 0: part 0) of dgamma
-    ``[B, H, N, NT]``, the parts no launch computes set to 0; ``D_left`` is read in place by
-    :func:`level_gram_grads_kernel`."""
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    KP = BK1 + BK2
-    r1, r2 = tl.arange(0, BK1), BK1 + tl.arange(0, BK2P)
-    chunk = i_bh.to(tl.int64) * N + i_c
-    a_ptr += i_bh.to(tl.int64) * NX * KP * VP
-    x_ptr += i_bh.to(tl.int64) * NX * KP * VP
-    first = tl.load(first_ptr + i_c)
-    later = tl.load(first_ptr + i_c + 1)
-    reads = later - first
-    merges = trailing_ones(i_c, n_levels)
-    acc = a_ptr.dtype.element_ty
-    g11 = tl.zeros((BK1, BK1), dtype=acc)
-    g12 = tl.zeros((BK1, BK2P), dtype=acc)
-    g21 = tl.zeros((BK2P, BK1), dtype=acc)
-    g22 = tl.zeros((BK2P, BK2P), dtype=acc)
-    d_gamma = tl.sum(tl.zeros((BK1,), dtype=acc), 0)
-    if i_c + 1 < N:
-        for i_v in range(VP // BV):
-            rv = i_v * BV + tl.arange(0, BV)
-            m1 = tl.zeros((BK1, BV), dtype=acc)
-            m2 = tl.zeros((BK2P, BV), dtype=acc)
-            for rank in range(merges):
-                m1 += tl.load(x_ptr + (first + rank).to(tl.int64) * KP * VP + r1[:, None] * VP + rv[None, :])
-                if BK2 > 0:
-                    m2 += tl.load(x_ptr + (first + rank).to(tl.int64) * KP * VP + r2[:, None] * VP + rv[None, :])
-            for rank in range(merges, reads + 1):
-                x1, x2 = m1, m2
-                if rank > merges:  # the level of chunk i_c's read state of this rank, carried on alone
-                    x1 = tl.load(x_ptr + (first + rank - 1).to(tl.int64) * KP * VP + r1[:, None] * VP + rv[None, :])
-                    if BK2 > 0:
-                        x2 = tl.load(x_ptr + (first + rank - 1).to(tl.int64) * KP * VP + r2[:, None] * VP + rv[None, :])
-                if (rank > merges) | (merges > 0):
-                    slot = a_ptr + (later + rank - merges).to(tl.int64) * KP * VP
-                    if ROWS != 2:
-                        d1 = tl.load(slot + r1[:, None] * VP + rv[None, :])
-                        g11 += tl.dot(d1, tl.trans(x1), input_precision=IP)
-                        d_gamma += tl.sum(tl.sum(d1 * x1, 1), 0)
-                        if BK2 > 0:
-                            g12 += tl.dot(d1, tl.trans(x2), input_precision=IP)
-                    if ROWS != 1:
-                        if BK2 > 0:
-                            d2 = tl.load(slot + r2[:, None] * VP + rv[None, :])
-                            g21 += tl.dot(d2, tl.trans(x1), input_precision=IP)
-                            g22 += tl.dot(d2, tl.trans(x2), input_precision=IP)
-                            d_gamma += tl.sum(tl.sum(d2 * x2, 1), 0)
-    gram_ptr += chunk * KP * KP
-    if ROWS != 2:
-        tl.store(gram_ptr + r1[:, None] * KP + r1[None, :], g11)
-        if BK2 > 0:
-            tl.store(gram_ptr + r1[:, None] * KP + r2[None, :], g12)
-    if ROWS != 1:
-        if BK2 > 0:
-            tl.store(gram_ptr + r2[:, None] * KP + r1[None, :], g21)
-            tl.store(gram_ptr + r2[:, None] * KP + r2[None, :], g22)
-    if ROWS == 2:
-        tl.store(dgamma_ptr + chunk * NT + 1, d_gamma)
-    else:
-        tl.store(dgamma_ptr + chunk * NT, d_gamma)
-        for zero in range(ROWS + 1, NT):  # the parts no launch computes (ROWS = 1: part 1 is the second launch's)
-            tl.store(dgamma_ptr + chunk * NT + zero, 0.0)
-
-
-@triton.jit
 def gram_block(gram_ptr, rows, cols, KP):
     """``G[rows, cols]`` of one chunk's ``[KP, KP]`` block."""
     return tl.load(gram_ptr + rows[:, None] * KP + cols[None, :])
@@ -1022,15 +930,8 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
             C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BK2P=max(BK2, 16), BV=BVA, VP=VP, IP=IP,
             num_warps=config.walk_warps, num_stages=config.num_stages,
         )
-        if config.slot_gram == "chunk":
-            for rows in chunk_gram_rows(BK1, BK2):
-                chunk_gram_kernel[(N, B * H)](d_left, states, first, gram, d_gamma_parts, N, n_levels, NX, BK1=BK1,
-                                              BK2=BK2, BK2P=max(BK2, 16), BV=min(BV, CHUNK_GRAM_VALUE_TILE), VP=VP,
-                                              NT=KP // GK, ROWS=rows, IP=IP, num_warps=CHUNK_GRAM_WARPS,
-                                              num_stages=config.num_stages)
-        else:
-            slot_gram_kernel[((KP // GK) ** 2, N, B * H)](d_left, states, first, gram, d_gamma_parts, N, n_levels, NX,
-                                                           **gram_launch)
+        slot_gram_kernel[((KP // GK) ** 2, N, B * H)](d_left, states, first, gram, d_gamma_parts, N, n_levels, NX,
+                                                       **gram_launch)
     else:
         adjoints = new(B, H, N, max(n_levels, 1), KP, VP)
         walks = walk_table(N, q.device)

@@ -184,28 +184,6 @@ def test_the_schedules_agree_to_round_off(K, V):
             assert_close(g, r, rtol=1e-13, atol=1e-15, what=f"{schedule}: {name}")
 
 
-def test_the_chunk_gram_forms_the_blocks_gram_in_one_launch_or_two(monkeypatch):
-    """``slot_gram="chunk"`` (one program per chunk for all of ``G``) gives the blocks' gradients to round-off, in one
-    launch and split by the key tiles' rows into two (forced here by too few warps for one)."""
-    from loglin_edu.kernels import step8_delta_backward
-
-    args = inputs(1, 70, 2, 2, 24, 40, seed=3)
-
-    def run(**knobs):
-        config = DeltaLaunchConfig(key_tile=16, value_tile=16, **knobs)
-        return grads_of(lambda *a: kernels.loglinear_gated_deltanet(*a, chunk_size=16, config=config), args)
-
-    out, grads = run()
-    for launches in (1, 2):
-        if launches == 2:
-            monkeypatch.setattr(step8_delta_backward, "CHUNK_GRAM_WARPS", 0)
-        assert step8_delta_backward.chunk_gram_rows(16, 16) == ((0,) if launches == 1 else (1, 2))
-        ref, ref_grads = run(slot_gram="chunk")
-        assert_close(out, ref, rtol=1e-13, what=f"{launches} launches: o")
-        for name, g, r in zip(NAMES, grads, ref_grads):
-            assert_close(g, r, rtol=1e-13, atol=1e-15, what=f"{launches} launches: {name}")
-
-
 def test_the_reverse_walk_takes_its_own_value_tile(monkeypatch):
     """``adjoint_value_tile`` cuts the stacked reverse walk's value columns into more programs than ``value_tile``
     (V = 32: one program per head at the value tile of 32, two at 16)."""
