@@ -293,13 +293,20 @@ def default_forward(shape):
 def test_tree_variants_build_the_default_tree_bit_for_bit(shape, variant):
     """fp32: split key rows, the register schedule (pending nodes held, next chunk prefetched or not, the levels
     above the blocks merged from the fp32 roots) and a smaller fused subtree store the same nodes in every slot
-    that is read, and give the same o, bit for bit."""
+    that is read, and give the same o, bit for bit. Under Triton's interpreter a product is numpy's, and a BLAS may
+    sum one row's terms in another order when the product has fewer rows (OpenBLAS does on AMD Zen): there the
+    variants that split rows agree to fp32 round-off instead."""
     args, (ref, ref_tree) = default_forward(shape)
     B, T, H, Hk, K, V, C, m = shape
     out, tree = loglinear_forward(*args, C, LaunchConfig(block_levels=m, **TREE_VARIANTS[variant]))
     N = -(-T // C)
-    assert torch.equal(tree.nodes[:, :, : N - 1], ref_tree.nodes[:, :, : N - 1])  # slot N - 1 has no reader
-    assert torch.equal(out, ref)
+    nodes, ref_nodes = tree.nodes[:, :, : N - 1], ref_tree.nodes[:, :, : N - 1]  # slot N - 1 has no reader
+    if interpreted() and {"tree_key_split", "upper_row_split"} & set(TREE_VARIANTS[variant]):
+        assert_close(nodes, ref_nodes, rtol=1e-6, atol=0.0, what=f"{variant}: nodes")
+        assert_close(out, ref, rtol=1e-6, atol=0.0, what=f"{variant}: o")
+    else:
+        assert torch.equal(nodes, ref_nodes)
+        assert torch.equal(out, ref)
 
 
 @pytest.mark.slow
@@ -321,15 +328,15 @@ def test_register_tree_of_the_deepest_blocks_builds_the_default_tree(m):
 
 def test_register_tree_keeps_16_bit_nodes_and_residuals_of_its_fp32_states(monkeypatch):
     """16-bit nodes (fp16 here, as bf16 calls store them): the register schedule merges its children unrounded, so
-    each node plus its residual is its fp32 state to the residual's rounding — the state the fp32-node tree stores
-    (fp16 calls keep fp32 nodes)."""
+    each node plus its residual is its fp32 state to the residual's rounding — the state the same schedule stores
+    with fp32 nodes (fp16 calls keep fp32 nodes)."""
     from loglin_edu.kernels import step3_chunk_tree as chunk_tree
 
     B, T, H, K, V, C = 1, 300, 2, 20, 12, 16
     q, k, v, lam, g = (x.half() for x in inputs(B, T, H, 1, K, V, seed=4))
     gc, gend = chunk_decay(g, B, T, H, C, q.device, q.dtype)
     config = LaunchConfig(block_levels=2, tree_registers=True, tree_key_split=2)
-    exact = chunk_tree.build_tree(k, v, gc, gend, C, LaunchConfig(block_levels=2)).nodes  # fp32 nodes
+    exact = chunk_tree.build_tree(k, v, gc, gend, C, config).nodes  # fp32 nodes
     monkeypatch.setattr(chunk_tree, "state_dtype", lambda dtype, precision="fast": torch.float16)
     nodes, residuals = chunk_tree.build_tree(k, v, gc, gend, C, config)
     assert nodes.dtype == residuals.dtype == torch.float16
