@@ -302,7 +302,13 @@ class DeltaLaunchConfig:
     and the triangular solve (step 8; its ``C × C`` products in tf32x3 spill registers at 4 warps);
     walk_warps: of the level walks (forward and backward); grad_warps: of the level gradients;
     num_stages: software-pipelining stages of every loop (1: none; more prefetch the next chunk's factors but need
-    shared memory for each stage);
+    shared memory for each stage); three groups of kernels can have their own (``None``: ``num_stages``):
+    walk_stages: of the level walks (forward and backward);
+    read_stages: of the kernels that read the level states tile by tile, one program per chunk (the output, step 7's
+        ``delta_output_kernel``, and its gradient, step 8's ``level_read_grad_kernel``; with ``gram_grads=False`` also the
+        level-by-level gradients);
+    gram_stages: of the kernels that form and use each chunk's ``K × K`` Gram product of adjoints and states
+        (``slot_gram_kernel``, ``level_gram_kernel``, ``level_gram_grads_kernel``);
     precision: a rung of :data:`DELTA_PRECISIONS` for fp16/bf16 calls;
     forward_walk: ``"levels"``, one walk per level and block, all at once (step 7's ``level_walk_kernel``), or
         ``"stacked"``, one walk per value tile carrying every live level at once (``level_state_walk_kernel``);
@@ -325,6 +331,9 @@ class DeltaLaunchConfig:
     walk_warps: int = 4
     grad_warps: int = 8
     num_stages: int = 1
+    walk_stages: int | None = None
+    read_stages: int | None = None
+    gram_stages: int | None = None
     precision: str = "fast"
     forward_walk: str = "levels"
     backward_walk: str = "stacked"
@@ -341,10 +350,23 @@ class DeltaLaunchConfig:
             width = getattr(self, name)
             if width is not None and (width < 16 or width & (width - 1)):
                 raise ValueError(f"{name} must be a power of two >= 16, got {width}")
+        for name in ("num_stages", "walk_stages", "read_stages", "gram_stages"):
+            stages = getattr(self, name)
+            if (stages is not None or name == "num_stages") and (not isinstance(stages, int) or stages < 1):
+                raise ValueError(f"{name} must be a positive integer{'' if name == 'num_stages' else ' or None'}, "
+                                 f"got {stages!r}")
         if self.precision == "exact" and self.grad_value_tile is not None and self.grad_value_tile < 32:
             raise ValueError(f"precision='exact' needs grad_value_tile >= 32, got {self.grad_value_tile}: the level "
                              "gradients' tf32x3 products on 16-wide value tiles make an illegal memory access on "
                              "Hopper (Triton 3.6)")
+
+    def stages(self, group: str) -> int:
+        """Pipelining stages of a group of kernels, ``"walk"``, ``"read"`` or ``"gram"``: its own field when set,
+        else ``num_stages``."""
+        if group not in ("walk", "read", "gram"):
+            raise ValueError(f"group must be 'walk', 'read' or 'gram', got {group!r}")
+        own = getattr(self, f"{group}_stages")
+        return self.num_stages if own is None else own
 
     def level_grad_value_tile(self) -> int:
         """The level gradients' value tile: ``grad_value_tile``, or :data:`LEVEL_GRAD_VALUE_TILE` of the

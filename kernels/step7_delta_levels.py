@@ -260,7 +260,8 @@ def level_states(k, chunks: DeltaChunks, T: int, V: int, chunk_size: int,
                 k, chunks.w, chunks.u, chunks.gc, states, first, T, N, H, K, (N - 1).bit_length(), states.shape[2],
                 k.stride(0), k.stride(1), 0 if k.shape[2] == 1 else k.stride(2),
                 C=chunk_size, BK1=BK1, BK2=BK2, BK2P=max(BK2, 16), BV=BV, VP=NV * BV,
-                IP=dot_precision(k.dtype, config.precision), num_warps=config.walk_warps, num_stages=config.num_stages,
+                IP=dot_precision(k.dtype, config.precision), num_warps=config.walk_warps,
+                num_stages=config.stages("walk"),
             )
         return states
     walks = walk_table(N, k.device)
@@ -269,7 +270,7 @@ def level_states(k, chunks: DeltaChunks, T: int, V: int, chunk_size: int,
             k, chunks.w, chunks.u, chunks.gc, states, walks, first, T, N, H, K, states.shape[2],
             k.stride(0), k.stride(1), 0 if k.shape[2] == 1 else k.stride(2),
             C=chunk_size, BK1=BK1, BK2=BK2, BK2P=max(BK2, 16), BV=BV, VP=NV * BV,
-            IP=dot_precision(k.dtype, config.precision), num_warps=config.walk_warps, num_stages=config.num_stages,
+            IP=dot_precision(k.dtype, config.precision), num_warps=config.walk_warps, num_stages=config.stages("walk"),
         )
     return states
 
@@ -297,6 +298,6 @@ def loglinear_delta_forward(q, k, v, level_scales, beta, log_decay, chunk_size: 
         v.stride(0), v.stride(1), v.stride(2), level_scales.stride(0), level_scales.stride(1), level_scales.stride(2),
         o.stride(0), o.stride(1), o.stride(2),
         C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK1=BK1, BK2=BK2, BV=BV, NV=NV,
-        IP=dot_precision(q.dtype, config.precision), num_warps=config.num_warps, num_stages=config.num_stages,
+        IP=dot_precision(q.dtype, config.precision), num_warps=config.num_warps, num_stages=config.stages("read"),
     )
     return o, chunks, states

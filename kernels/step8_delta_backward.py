@@ -916,11 +916,11 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
     first = first_slots(N, q.device)
     NX = states.shape[2]
     grid, tiles = (N, B * H), dict(C=chunk_size, BK1=BK1, BK2=BK2, BV=BVG, VP=VP, IP=IP, num_warps=config.grad_warps,
-                                   num_stages=config.num_stages)
+                                   num_stages=config.stages("read"))
     GK = min(64, BK1, BK2 or BK1)  # a power of two dividing BK1 + BK2
     through_gram = config.backward_walk == "stacked" or config.gram_grads
     gram, d_gamma_parts = (new(B, H, N, KP, KP), new(B, H, N, KP // GK)) if through_gram else (None, None)
-    gram_launch = dict(KP=KP, GK=GK, BV=BV, VP=VP, IP=IP, num_warps=config.grad_warps, num_stages=config.num_stages)
+    gram_launch = dict(KP=KP, GK=GK, BV=BV, VP=VP, IP=IP, num_warps=config.grad_warps, num_stages=config.stages("gram"))
     if config.backward_walk == "stacked":
         d_left = torch.empty_like(states)  # the adjoints of the read states, in their slots
         BVA = min(BV, config.adjoint_value_tile or BV)  # a power of two dividing VP
@@ -928,7 +928,7 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
             k, chunks.w, chunks.query, chunks.gc, level_scales, do, first, d_left, T, N, H, K, V, L, n_levels, NX,
             k.stride(0), k.stride(1), sqh, *lam_strides, *do_strides,
             C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BK2P=max(BK2, 16), BV=BVA, VP=VP, IP=IP,
-            num_warps=config.walk_warps, num_stages=config.num_stages,
+            num_warps=config.walk_warps, num_stages=config.stages("walk"),
         )
         slot_gram_kernel[((KP // GK) ** 2, N, B * H)](d_left, states, first, gram, d_gamma_parts, N, n_levels, NX,
                                                        **gram_launch)
@@ -940,7 +940,7 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
                 k, chunks.w, chunks.query, chunks.gc, level_scales, do, adjoints, walks, T, N, H, K, V, L, n_levels,
                 k.stride(0), k.stride(1), sqh, *lam_strides, *do_strides,
                 C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BK2P=max(BK2, 16), BV=BV, VP=VP, IP=IP,
-                num_warps=config.walk_warps, num_stages=config.num_stages,
+                num_warps=config.walk_warps, num_stages=config.stages("walk"),
             )
         if config.gram_grads:
             d_left = new(B, H, N, KP, VP)
@@ -958,7 +958,7 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
             NX, k.stride(0), k.stride(1), sqh, C=chunk_size, BK1=BK1, BK2=BK2, BK2P=max(BK2, 16), GK=GK,
             BV=BV, VP=VP, NT=KP // GK,
             LEFT_IN_SLOTS=config.backward_walk == "stacked", IP=IP, num_warps=config.grad_warps,
-            num_stages=config.num_stages,
+            num_stages=config.stages("gram"),
         )
         del d_left
     del gram, d_gamma_parts

@@ -466,6 +466,18 @@ def test_level_gradient_knobs_follow_the_precision_and_are_checked():
         DeltaLaunchConfig(adjoint_value_tile=48)
 
 
+def test_each_kernel_group_takes_its_own_stages_or_num_stages():
+    config = DeltaLaunchConfig(num_stages=2, gram_stages=3)
+    assert [config.stages(group) for group in ("walk", "read", "gram")] == [2, 2, 3]
+    assert DeltaLaunchConfig(walk_stages=1, read_stages=4).stages("read") == 4
+    with pytest.raises(ValueError, match="group must be"):
+        config.stages("chunk")
+    with pytest.raises(ValueError, match="read_stages must be a positive integer or None"):
+        DeltaLaunchConfig(read_stages=0)
+    with pytest.raises(ValueError, match="num_stages must be a positive integer, got None"):
+        DeltaLaunchConfig(num_stages=None)
+
+
 @pytest.mark.parametrize("N", [1, 2, 3, 16, 17, 1024])
 def test_read_slot_count_is_the_last_first_slot(N):
     """The host's count of read states equals the device table's last entry (the brute count of live levels)."""
