@@ -305,10 +305,14 @@ class DeltaLaunchConfig:
     shared memory for each stage); three groups of kernels can have their own (``None``: ``num_stages``):
     walk_stages: of the level walks (forward and backward);
     read_stages: of the kernels that read the level states tile by tile, one program per chunk (the output, step 7's
-        ``delta_output_kernel``, and its gradient, step 8's ``level_read_grad_kernel``; with ``gram_grads=False`` also the
-        level-by-level gradients);
+        ``delta_output_kernel``, and its gradient, step 8's ``level_read_grad_kernel``; with ``gram_grads=False``
+        also the level-by-level gradients): 3 by default, the next state tiles load while one is multiplied;
     gram_stages: of the kernels that form and use each chunk's ``K × K`` Gram product of adjoints and states
         (``slot_gram_kernel``, ``level_gram_kernel``, ``level_gram_grads_kernel``);
+    walk_max_registers, adjoint_max_registers: a cap on the registers per thread (Triton's ``maxnreg``; ``None``:
+        the compiler's choice, up to 255) of the forward level walks and of the reverse walks: a lower cap spills
+        more but lets more programs share a multiprocessor (168 fits three 4-warp programs where 255 fits two: the
+        reverse walk's default, since its programs walk every chunk and a second wave of them doubles its time);
     precision: a rung of :data:`DELTA_PRECISIONS` for fp16/bf16 calls;
     forward_walk: ``"levels"``, one walk per level and block, all at once (step 7's ``level_walk_kernel``), or
         ``"stacked"``, one walk per value tile carrying every live level at once (``level_state_walk_kernel``);
@@ -332,8 +336,10 @@ class DeltaLaunchConfig:
     grad_warps: int = 8
     num_stages: int = 1
     walk_stages: int | None = None
-    read_stages: int | None = None
+    read_stages: int | None = 3
     gram_stages: int | None = None
+    walk_max_registers: int | None = None
+    adjoint_max_registers: int | None = 168
     precision: str = "fast"
     forward_walk: str = "levels"
     backward_walk: str = "stacked"
@@ -355,6 +361,10 @@ class DeltaLaunchConfig:
             if (stages is not None or name == "num_stages") and (not isinstance(stages, int) or stages < 1):
                 raise ValueError(f"{name} must be a positive integer{'' if name == 'num_stages' else ' or None'}, "
                                  f"got {stages!r}")
+        for name in ("walk_max_registers", "adjoint_max_registers"):
+            cap = getattr(self, name)
+            if cap is not None and (not isinstance(cap, int) or not 24 <= cap <= 255):
+                raise ValueError(f"{name} must be None or an integer in [24, 255], got {cap!r}")
         if self.precision == "exact" and self.grad_value_tile is not None and self.grad_value_tile < 32:
             raise ValueError(f"precision='exact' needs grad_value_tile >= 32, got {self.grad_value_tile}: the level "
                              "gradients' tf32x3 products on 16-wide value tiles make an illegal memory access on "
@@ -367,6 +377,13 @@ class DeltaLaunchConfig:
             raise ValueError(f"group must be 'walk', 'read' or 'gram', got {group!r}")
         own = getattr(self, f"{group}_stages")
         return self.num_stages if own is None else own
+
+    def walk_launch(self, reverse: bool = False) -> dict:
+        """Triton launch options of the level walks (``reverse``: of the backward's): warps, stages and, when
+        capped, registers per thread."""
+        cap = self.adjoint_max_registers if reverse else self.walk_max_registers
+        registers = {} if cap is None else {"maxnreg": cap}
+        return {"num_warps": self.walk_warps, "num_stages": self.stages("walk"), **registers}
 
     def level_grad_value_tile(self) -> int:
         """The level gradients' value tile: ``grad_value_tile``, or :data:`LEVEL_GRAD_VALUE_TILE` of the

@@ -260,8 +260,7 @@ def level_states(k, chunks: DeltaChunks, T: int, V: int, chunk_size: int,
                 k, chunks.w, chunks.u, chunks.gc, states, first, T, N, H, K, (N - 1).bit_length(), states.shape[2],
                 k.stride(0), k.stride(1), 0 if k.shape[2] == 1 else k.stride(2),
                 C=chunk_size, BK1=BK1, BK2=BK2, BK2P=max(BK2, 16), BV=BV, VP=NV * BV,
-                IP=dot_precision(k.dtype, config.precision), num_warps=config.walk_warps,
-                num_stages=config.stages("walk"),
+                IP=dot_precision(k.dtype, config.precision), **config.walk_launch(),
             )
         return states
     walks = walk_table(N, k.device)
@@ -270,7 +269,7 @@ def level_states(k, chunks: DeltaChunks, T: int, V: int, chunk_size: int,
             k, chunks.w, chunks.u, chunks.gc, states, walks, first, T, N, H, K, states.shape[2],
             k.stride(0), k.stride(1), 0 if k.shape[2] == 1 else k.stride(2),
             C=chunk_size, BK1=BK1, BK2=BK2, BK2P=max(BK2, 16), BV=BV, VP=NV * BV,
-            IP=dot_precision(k.dtype, config.precision), num_warps=config.walk_warps, num_stages=config.stages("walk"),
+            IP=dot_precision(k.dtype, config.precision), **config.walk_launch(),
         )
     return states
 

@@ -928,7 +928,7 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
             k, chunks.w, chunks.query, chunks.gc, level_scales, do, first, d_left, T, N, H, K, V, L, n_levels, NX,
             k.stride(0), k.stride(1), sqh, *lam_strides, *do_strides,
             C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BK2P=max(BK2, 16), BV=BVA, VP=VP, IP=IP,
-            num_warps=config.walk_warps, num_stages=config.stages("walk"),
+            **config.walk_launch(reverse=True),
         )
         slot_gram_kernel[((KP // GK) ** 2, N, B * H)](d_left, states, first, gram, d_gamma_parts, N, n_levels, NX,
                                                        **gram_launch)
@@ -940,7 +940,7 @@ def loglinear_delta_backward(q, k, v, level_scales, chunks: DeltaChunks, states,
                 k, chunks.w, chunks.query, chunks.gc, level_scales, do, adjoints, walks, T, N, H, K, V, L, n_levels,
                 k.stride(0), k.stride(1), sqh, *lam_strides, *do_strides,
                 C=chunk_size, C_LOG=C_LOG, BK1=BK1, BK2=BK2, BK2P=max(BK2, 16), BV=BV, VP=VP, IP=IP,
-                num_warps=config.walk_warps, num_stages=config.stages("walk"),
+                **config.walk_launch(reverse=True),
             )
         if config.gram_grads:
             d_left = new(B, H, N, KP, VP)

@@ -467,8 +467,9 @@ def test_level_gradient_knobs_follow_the_precision_and_are_checked():
 
 
 def test_each_kernel_group_takes_its_own_stages_or_num_stages():
-    config = DeltaLaunchConfig(num_stages=2, gram_stages=3)
+    config = DeltaLaunchConfig(num_stages=2, read_stages=None, gram_stages=3)
     assert [config.stages(group) for group in ("walk", "read", "gram")] == [2, 2, 3]
+    assert DeltaLaunchConfig().stages("read") == 3 and DeltaLaunchConfig().stages("walk") == 1
     assert DeltaLaunchConfig(walk_stages=1, read_stages=4).stages("read") == 4
     with pytest.raises(ValueError, match="group must be"):
         config.stages("chunk")
@@ -476,6 +477,15 @@ def test_each_kernel_group_takes_its_own_stages_or_num_stages():
         DeltaLaunchConfig(read_stages=0)
     with pytest.raises(ValueError, match="num_stages must be a positive integer, got None"):
         DeltaLaunchConfig(num_stages=None)
+
+
+def test_walks_launch_with_their_warps_stages_and_register_caps():
+    config = DeltaLaunchConfig(walk_warps=8, walk_stages=2, adjoint_max_registers=168)
+    assert config.walk_launch() == {"num_warps": 8, "num_stages": 2}
+    assert config.walk_launch(reverse=True) == {"num_warps": 8, "num_stages": 2, "maxnreg": 168}
+    assert DeltaLaunchConfig(walk_max_registers=128).walk_launch()["maxnreg"] == 128
+    with pytest.raises(ValueError, match=r"walk_max_registers must be None or an integer in \[24, 255\]"):
+        DeltaLaunchConfig(walk_max_registers=256)
 
 
 @pytest.mark.parametrize("N", [1, 2, 3, 16, 17, 1024])
