@@ -15,8 +15,10 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 
 setup: $(VENV)/.installed
 
+# Two workers, each taking whole test files: the book's file (chapters, build, browser) runs on one while the
+# other takes the rest.
 test: setup
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
 
 test-fast: setup
 	$(PY) -m pytest -q -x -n 2 -m "not slow and not gpu"
