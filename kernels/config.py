@@ -311,8 +311,7 @@ class DeltaLaunchConfig:
         (``slot_gram_kernel``, ``level_gram_kernel``, ``level_gram_grads_kernel``);
     walk_max_registers, adjoint_max_registers: a cap on the registers per thread (Triton's ``maxnreg``; ``None``:
         the compiler's choice, up to 255) of the forward level walks and of the reverse walks: a lower cap spills
-        more but lets more programs share a multiprocessor (168 fits three 4-warp programs where 255 fits two: the
-        reverse walk's default, since its programs walk every chunk and a second wave of them doubles its time);
+        more but lets more programs share a multiprocessor (168 fits three 4-warp programs where 255 fits two);
     precision: a rung of :data:`DELTA_PRECISIONS` for fp16/bf16 calls;
     forward_walk: ``"levels"``, one walk per level and block, all at once (step 7's ``level_walk_kernel``), or
         ``"stacked"``, one walk per value tile carrying every live level at once (``level_state_walk_kernel``);
@@ -339,7 +338,7 @@ class DeltaLaunchConfig:
     read_stages: int | None = 3
     gram_stages: int | None = None
     walk_max_registers: int | None = None
-    adjoint_max_registers: int | None = 168
+    adjoint_max_registers: int | None = None
     precision: str = "fast"
     forward_walk: str = "levels"
     backward_walk: str = "stacked"
