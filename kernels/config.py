@@ -312,6 +312,10 @@ class DeltaLaunchConfig:
     walk_max_registers, adjoint_max_registers: a cap on the registers per thread (Triton's ``maxnreg``; ``None``:
         the compiler's choice, up to 255) of the forward level walks and of the reverse walks: a lower cap spills
         more but lets more programs share a multiprocessor (168 fits three 4-warp programs where 255 fits two);
+    factor_dtype: storage type of the WY factor ``W`` and of the queries carried to the chunk's start, the two
+        ``[C, K]`` tiles of every chunk that the walks and the reads load again for each live level (``None``: the
+        accumulation type, fp32 for 16-bit calls; ``"bfloat16"`` or ``"float16"`` halves those loads). They are
+        computed in fp32 and rounded once when stored; every product with them still runs in fp32 (or tf32);
     precision: a rung of :data:`DELTA_PRECISIONS` for fp16/bf16 calls;
     forward_walk: ``"levels"``, one walk per level and block, all at once (step 7's ``level_walk_kernel``), or
         ``"stacked"``, one walk per value tile carrying every live level at once (``level_state_walk_kernel``);
@@ -339,6 +343,7 @@ class DeltaLaunchConfig:
     gram_stages: int | None = None
     walk_max_registers: int | None = None
     adjoint_max_registers: int | None = None
+    factor_dtype: str | None = None
     precision: str = "fast"
     forward_walk: str = "levels"
     backward_walk: str = "stacked"
@@ -364,6 +369,8 @@ class DeltaLaunchConfig:
             cap = getattr(self, name)
             if cap is not None and (not isinstance(cap, int) or not 24 <= cap <= 255):
                 raise ValueError(f"{name} must be None or an integer in [24, 255], got {cap!r}")
+        if self.factor_dtype not in (None, "bfloat16", "float16"):
+            raise ValueError(f"factor_dtype must be None, 'bfloat16' or 'float16', got {self.factor_dtype!r}")
         if self.precision == "exact" and self.grad_value_tile is not None and self.grad_value_tile < 32:
             raise ValueError(f"precision='exact' needs grad_value_tile >= 32, got {self.grad_value_tile}: the level "
                              "gradients' tf32x3 products on 16-wide value tiles make an illegal memory access on "
@@ -376,6 +383,10 @@ class DeltaLaunchConfig:
             raise ValueError(f"group must be 'walk', 'read' or 'gram', got {group!r}")
         own = getattr(self, f"{group}_stages")
         return self.num_stages if own is None else own
+
+    def factor_storage(self, accumulation: torch.dtype) -> torch.dtype:
+        """The dtype W and the queries are stored in: ``factor_dtype``, or ``accumulation`` when it is ``None``."""
+        return accumulation if self.factor_dtype is None else getattr(torch, self.factor_dtype)
 
     def walk_launch(self, reverse: bool = False) -> dict:
         """Triton launch options of the level walks (``reverse``: of the backward's): warps, stages and, when

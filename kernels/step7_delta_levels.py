@@ -66,10 +66,10 @@ def carry(s1, s2, k_ptr, skt, w_ptr, gc_ptr, t, rows, last_row, T, K, u,
     (W, then K), so that only one of them is in registers beside the state."""
     r1 = tl.arange(0, BK1)
     inside = t[:, None] < T
-    y = tl.dot(tl.load(w_ptr + rows[:, None] * (BK1 + BK2) + r1[None, :]), s1, input_precision=IP)
+    y = tl.dot(tl.load(w_ptr + rows[:, None] * (BK1 + BK2) + r1[None, :]).to(s1.dtype), s1, input_precision=IP)
     if BK2 > 0:
         r2 = BK1 + tl.arange(0, BK2)
-        y += tl.dot(tl.load(w_ptr + rows[:, None] * (BK1 + BK2) + r2[None, :]), s2, input_precision=IP)
+        y += tl.dot(tl.load(w_ptr + rows[:, None] * (BK1 + BK2) + r2[None, :]).to(s1.dtype), s2, input_precision=IP)
     gc = tl.load(gc_ptr + rows)
     g_last = tl.load(gc_ptr + last_row)
     pseudo = (u - y) * tl.exp(g_last - gc)[:, None]  # diag(γ_C / γ) (u - W S): K̃ᵀ (u - W S) = Kᵀ pseudo
@@ -194,10 +194,10 @@ def delta_output_kernel(
     intra = tl.load(p_ptr + (i_bh.to(tl.int64) * N + i_c) * C * C + rc[:, None] * C + rc[None, :])
     lam_ptr += i_b.to(tl.int64) * slb + i_h * slh
     weights = intra * load_level_scale_matrix(lam_ptr, slt, t, T, L, fenwick_levels(C, C_LOG), C_LOG, intra.dtype)
-    query1 = load_rows(query_ptr, BK1 + BK2, rows, r1)
+    query1 = load_rows(query_ptr, BK1 + BK2, rows, r1).to(intra.dtype)
     if BK2 > 0:
         r2 = BK1 + tl.arange(0, BK2)
-        query2 = load_rows(query_ptr, BK1 + BK2, rows, r2)
+        query2 = load_rows(query_ptr, BK1 + BK2, rows, r2).to(intra.dtype)
     x_ptr += i_bh.to(tl.int64) * NX * (BK1 + BK2) * NV * BV
     first = tl.load(first_ptr + i_c)
     v_ptr += i_b.to(tl.int64) * svb + i_h * svh

@@ -101,9 +101,9 @@ def carry_back(a1, a2, k_ptr, skt, w_ptr, gc_ptr, rc, T, K, BK1: tl.constexpr, B
     e = tl.trans(e)
     e *= tl.exp(g_last - gc)[None, :]
     decay = tl.exp(g_last)
-    a1 = decay * a1 - tl.dot(e, tl.load(w_rows + r1[None, :]), input_precision=IP)
+    a1 = decay * a1 - tl.dot(e, tl.load(w_rows + r1[None, :]).to(a1.dtype), input_precision=IP)
     if BK2 > 0:
-        a2 = decay * a2 - tl.dot(e, tl.load(w_rows + r2[None, :]), input_precision=IP)
+        a2 = decay * a2 - tl.dot(e, tl.load(w_rows + r2[None, :]).to(a1.dtype), input_precision=IP)
     return a1, a2
 
 
@@ -147,9 +147,9 @@ def level_walk_bwd_kernel(
             scaled = tl.load(do_ptr + at, mask=(c * C + rc[None, :] < T) & (i_v * BV + rv[:, None] < V), other=0.0)
             scaled = scaled.to(a1.dtype) * lam.to(a1.dtype)[None, :]  # (diag(λ_ℓ) dO)ᵀ: [BV, C]
             query = (query_ptr + c * C * KP + rc * KP)[:, None]
-            a1 += tl.dot(scaled, tl.load(query + r1[None, :]), input_precision=IP)
+            a1 += tl.dot(scaled, tl.load(query + r1[None, :]).to(a1.dtype), input_precision=IP)
             if BK2 > 0:
-                a2 += tl.dot(scaled, tl.load(query + (BK1 + tl.arange(0, BK2))[None, :]), input_precision=IP)
+                a2 += tl.dot(scaled, tl.load(query + (BK1 + tl.arange(0, BK2))[None, :]).to(a1.dtype), input_precision=IP)
             store_adjoint(d_ptr, c - 1, n_levels, KP, VP, rv, a1, a2, BK1, BK2)  # leaving chunk c - 1
     for i in range(half - 1):  # the left half, backwards: only the transitions
         c = start + half - 1 - i
@@ -278,11 +278,11 @@ def level_transition_grad_kernel(
     row0, x_ptr, first = chunk_rows(x_ptr, first_ptr, i_c, i_bh, N, NX, C, KP, VP)
     d_ptr += (i_bh.to(tl.int64) * N + i_c) * n_levels * KP * VP  # the chunk's adjoints, [n_levels, KP, VP]
     rc, r1 = tl.arange(0, C), tl.arange(0, BK1)
-    w1 = load_rows(w_ptr + row0 * KP, KP, rc, r1)
+    w1 = load_rows(w_ptr + row0 * KP, KP, rc, r1).to(u_ptr.dtype.element_ty)
     d_kt1 = tl.zeros((C, BK1), dtype=w1.dtype)
     if BK2 > 0:
         r2 = BK1 + tl.arange(0, BK2)
-        w2 = load_rows(w_ptr + row0 * KP, KP, rc, r2)
+        w2 = load_rows(w_ptr + row0 * KP, KP, rc, r2).to(w1.dtype)
         d_kt2 = tl.zeros((C, BK2), dtype=w1.dtype)
     d_gamma = tl.sum(tl.zeros((C,), dtype=w1.dtype), 0)
     for i_v in range(VP // BV):
@@ -391,11 +391,11 @@ def add_read_and_store(a1, a2, do_rows, do_mask, lam_ptr, slt, t, T, L, level, q
     pointers and mask of ``dOᵀ`` (``[BV, C]``), loaded here rather than held by the caller; query: pointers
     ``[C, 1]`` to the chunk's query rows."""
     read = tl.load(do_rows, mask=do_mask, other=0.0).to(a1.dtype) * load_level_column(lam_ptr, slt, t, T, L, level, a1.dtype)[None, :]
-    a1 += tl.dot(read, tl.load(query + tl.arange(0, BK1)[None, :]), input_precision=IP)
+    a1 += tl.dot(read, tl.load(query + tl.arange(0, BK1)[None, :]).to(a1.dtype), input_precision=IP)
     columns = (slot_ptr + rv)[:, None]
     tl.store(columns + tl.arange(0, BK1)[None, :] * VP, a1)
     if BK2 > 0:
-        a2 += tl.dot(read, tl.load(query + (BK1 + tl.arange(0, BK2P))[None, :]), input_precision=IP)
+        a2 += tl.dot(read, tl.load(query + (BK1 + tl.arange(0, BK2P))[None, :]).to(a1.dtype), input_precision=IP)
         tl.store(columns + (BK1 + tl.arange(0, BK2P))[None, :] * VP, a2)
 
 
@@ -563,7 +563,7 @@ def level_gram_grads_kernel(
     d_kt2 = tl.zeros((C, BK2P), dtype=acc)
     for j in tl.static_range(NT):
         rj = j * GK + tl.arange(0, GK)
-        w_j = load_rows(w_ptr + row0 * KP, KP, rc, rj)
+        w_j = load_rows(w_ptr + row0 * KP, KP, rc, rj).to(acc)
         d_kt1 -= tl.dot(w_j, tl.trans(gram_block(gram_ptr, r1, rj, KP)), input_precision=IP)
         if BK2 > 0:
             d_kt2 -= tl.dot(w_j, tl.trans(gram_block(gram_ptr, r2, rj, KP)), input_precision=IP)
@@ -634,10 +634,10 @@ def level_read_grad_kernel(
                     m2 += tl.dot(do, tl.trans(tl.load(states + r2[:, None] * VP + rv[None, :])), input_precision=IP)
             lam_level = load_level_column(lam_ptr, slt, t, T, L, C_LOG + level, acc)[:, None]
             d_query1 += lam_level * m1
-            d_level = tl.sum(load_rows(query_ptr + row0 * KP, KP, rc, r1) * m1, 1)
+            d_level = tl.sum(load_rows(query_ptr + row0 * KP, KP, rc, r1).to(acc) * m1, 1)
             if BK2 > 0:
                 d_query2 += lam_level * m2
-                d_level += tl.sum(load_rows(query_ptr + row0 * KP, KP, rc, r2) * m2, 1)
+                d_level += tl.sum(load_rows(query_ptr + row0 * KP, KP, rc, r2).to(acc) * m2, 1)
             store_level_column(dlam_ptr, sdlt, t, T, L, C_LOG + level, d_level)
             slot += 1
     store_rows(dquery_ptr + row0 * KP, KP, rc, r1, d_query1)
@@ -736,7 +736,7 @@ def wy_key_tile(q_ptr, k_ptr, stride_t, rc, T, K, cols, dquery_ptr, dw_ptr, dkt_
     inside = (rc[:, None] < T) & (cols[None, :] < K)
     dquery = tl.load(dquery_ptr + at)
     d_gamma += tl.sum(tl.load(q_ptr + at_in, mask=inside, other=0.0).to(dquery.dtype) * dquery, 1)
-    d_scores -= tl.dot(dquery, tl.trans(tl.load(w_ptr + at)), input_precision=IP)
+    d_scores -= tl.dot(dquery, tl.trans(tl.load(w_ptr + at).to(dquery.dtype)), input_precision=IP)
     at_t = cols[:, None] + rc[None, :] * KP
     d_w = tl.load(dw_ptr + at_t) - tl.dot(tl.trans(dquery), scores, input_precision=IP)  # dWᵀ: [KS, C]
     tl.store(dw_ptr + at_t, d_w)

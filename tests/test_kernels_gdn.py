@@ -184,6 +184,53 @@ def test_the_schedules_agree_to_round_off(K, V):
             assert_close(g, r, rtol=1e-13, atol=1e-15, what=f"{schedule}: {name}")
 
 
+@pytest.mark.parametrize("schedule", ["default", "levels"])
+def test_16_bit_factors_are_the_fp32_factors_rounded_once(schedule, monkeypatch):
+    """``factor_dtype="float16"`` stores W and the queries in fp16 and changes nothing else: the output and every
+    gradient equal, bit for bit, those of the fp32 factors rounded to fp16 where step 6 leaves them, under the
+    default schedule and the walks per level (between them every kernel that loads a factor). (bf16 the same way
+    on a GPU: Triton's interpreter rounds fp32 to bf16 otherwise than the GPU and torch do.)"""
+    from loglin_edu.kernels import step7_delta_levels
+
+    args = [x.float() for x in inputs(1, 150, 2, 2, 24, 40, seed=11)]
+    knobs = {"key_tile": 16, "value_tile": 16, **SCHEDULES.get(schedule, {})}
+    run = lambda config: grads_of(  # noqa: E731
+        lambda *a: kernels.loglinear_gated_deltanet(*a, chunk_size=16, config=config), args)
+    out, grads = run(DeltaLaunchConfig(**knobs, factor_dtype="float16"))
+    fp32_factors = step7_delta_levels.delta_chunks
+
+    def rounded_factors(*a, **kw):
+        chunks = fp32_factors(*a, **kw)
+        assert chunks.w.dtype == chunks.query.dtype == torch.float32
+        for factor in (chunks.w, chunks.query):
+            factor.copy_(factor.to(torch.float16))
+        return chunks
+
+    monkeypatch.setattr(step7_delta_levels, "delta_chunks", rounded_factors)
+    ref, ref_grads = run(DeltaLaunchConfig(**knobs))
+    assert torch.equal(out, ref), schedule
+    for name, g, r in zip(NAMES, grads, ref_grads):
+        assert torch.equal(g, r), f"{schedule}: {name}"
+
+
+@pytest.mark.parametrize("factor_dtype, rtol", [("float16", 2e-4), ("bfloat16", 2e-3)])
+def test_16_bit_factors_cost_little_accuracy(factor_dtype, rtol):
+    """Against float64, W and the queries rounded to 16 bits once cost the output and every gradient about their
+    rounding: fp16 (11 significant bits) well under 1e-3, bf16 (8) under 1e-2."""
+    config = DeltaLaunchConfig(key_tile=16, value_tile=16, factor_dtype=factor_dtype)
+    check_against_float64(
+        lambda *a: kernels.loglinear_gated_deltanet(*a, chunk_size=16, config=config),
+        lambda *a: le.loglinear_attention(*a, form="chunkwise"),
+        inputs(1, 150, 2, 2, 24, 40, seed=12), rtol=rtol, what=factor_dtype)
+
+
+def test_factor_storage_is_checked_and_follows_the_accumulation_by_default():
+    assert DeltaLaunchConfig().factor_storage(torch.float32) == torch.float32
+    assert DeltaLaunchConfig(factor_dtype="float16").factor_storage(torch.float64) == torch.float16
+    with pytest.raises(ValueError, match="factor_dtype must be None, 'bfloat16' or 'float16'"):
+        DeltaLaunchConfig(factor_dtype="float32")
+
+
 def test_the_reverse_walk_takes_its_own_value_tile(monkeypatch):
     """``adjoint_value_tile`` cuts the stacked reverse walk's value columns into more programs than ``value_tile``
     (V = 32: one program per head at the value tile of 32, two at 16)."""
