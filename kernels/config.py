@@ -247,7 +247,8 @@ class LinearLaunchConfig:
 DELTA_PRECISIONS = ("fast", "exact")
 """How the delta-rule kernels (steps 6-9) multiply fp32 blocks in 16-bit calls (``DeltaLaunchConfig.precision``):
 ``"fast"`` in tf32, ``"exact"`` in tf32x3 (about fp32 accuracy). Every intermediate they store (the WY factors,
-the level states and their gradients) is fp32 in both; the ``C × C`` triangular solve always runs in tf32x3.
+the level states and their gradients) is fp32 in both, unless ``DeltaLaunchConfig.factor_dtype`` stores W and the
+queries in 16 bits; the ``C × C`` triangular solve always runs in tf32x3.
 fp32 calls multiply exactly (``"ieee"``) in the level walks and the output, and in tf32x3 in the two per-chunk
 kernels (the WY factors and their backward, :func:`chunk_precision`); fp64 calls multiply exactly everywhere."""
 
@@ -315,7 +316,8 @@ class DeltaLaunchConfig:
     factor_dtype: storage type of the WY factor ``W`` and of the queries carried to the chunk's start, the two
         ``[C, K]`` tiles of every chunk that the walks and the reads load again for each live level (``None``: the
         accumulation type, fp32 for 16-bit calls; ``"bfloat16"`` or ``"float16"`` halves those loads). They are
-        computed in fp32 and rounded once when stored; every product with them still runs in fp32 (or tf32);
+        computed in fp32 and rounded once when stored; every product with them still runs in fp32 (or tf32). fp16
+        keeps three more bits than bf16 but holds values only up to ±65,504, and the queries grow with q;
     precision: a rung of :data:`DELTA_PRECISIONS` for fp16/bf16 calls;
     forward_walk: ``"levels"``, one walk per level and block, all at once (step 7's ``level_walk_kernel``), or
         ``"stacked"``, one walk per value tile carrying every live level at once (``level_state_walk_kernel``);
