@@ -244,11 +244,15 @@ class LinearLaunchConfig:
         return min(key_block, max(self.key_split, head_block(1)))
 
 
+FACTOR_DTYPES = (None, "float32", "bfloat16", "float16")
+"""The values of ``DeltaLaunchConfig.factor_dtype`` (``None``: chosen by the call, :meth:`DeltaLaunchConfig.factor_storage`)."""
+
 DELTA_PRECISIONS = ("fast", "exact")
 """How the delta-rule kernels (steps 6-9) multiply fp32 blocks in 16-bit calls (``DeltaLaunchConfig.precision``):
 ``"fast"`` in tf32, ``"exact"`` in tf32x3 (about fp32 accuracy). Every intermediate they store (the WY factors,
-the level states and their gradients) is fp32 in both, unless ``DeltaLaunchConfig.factor_dtype`` stores W and the
-queries in 16 bits; the ``C × C`` triangular solve always runs in tf32x3.
+the level states and their gradients) is fp32 in both, but for W and the queries carried to the chunk's start:
+under ``"fast"`` they are stored in the call's own 16-bit type (``DeltaLaunchConfig.factor_dtype``), under
+``"exact"`` in fp32; the ``C × C`` triangular solve always runs in tf32x3.
 fp32 calls multiply exactly (``"ieee"``) in the level walks and the output, and in tf32x3 in the two per-chunk
 kernels (the WY factors and their backward, :func:`chunk_precision`); fp64 calls multiply exactly everywhere."""
 
@@ -314,10 +318,12 @@ class DeltaLaunchConfig:
         the compiler's choice, up to 255) of the forward level walks and of the reverse walks: a lower cap spills
         more but lets more programs share a multiprocessor (168 fits three 4-warp programs where 255 fits two);
     factor_dtype: storage type of the WY factor ``W`` and of the queries carried to the chunk's start, the two
-        ``[C, K]`` tiles of every chunk that the walks and the reads load again for each live level (``None``: the
-        accumulation type, fp32 for 16-bit calls; ``"bfloat16"`` or ``"float16"`` halves those loads). They are
-        computed in fp32 and rounded once when stored; every product with them still runs in fp32 (or tf32). fp16
-        keeps three more bits than bf16 but holds values only up to ±65,504, and the queries grow with q;
+        ``[C, K]`` tiles of every chunk that the walks and the reads load again for each live level: ``"float32"``,
+        ``"bfloat16"`` or ``"float16"`` (16 bits halve those loads), or ``None``, chosen by the call
+        (:meth:`factor_storage`): a 16-bit call's own type under ``precision="fast"``, the accumulation type
+        otherwise (fp32; fp64 for fp64 calls). They are computed in fp32 and rounded once when stored; every product
+        with them still runs in fp32 (or tf32). fp16 keeps three more bits than bf16 but holds values only up to
+        ±65,504, and the queries grow with q: bf16 inputs of any scale get bf16 factors;
     precision: a rung of :data:`DELTA_PRECISIONS` for fp16/bf16 calls;
     forward_walk: ``"levels"``, one walk per level and block, all at once (step 7's ``level_walk_kernel``), or
         ``"stacked"``, one walk per value tile carrying every live level at once (``level_state_walk_kernel``);
@@ -371,8 +377,8 @@ class DeltaLaunchConfig:
             cap = getattr(self, name)
             if cap is not None and (not isinstance(cap, int) or not 24 <= cap <= 255):
                 raise ValueError(f"{name} must be None or an integer in [24, 255], got {cap!r}")
-        if self.factor_dtype not in (None, "bfloat16", "float16"):
-            raise ValueError(f"factor_dtype must be None, 'bfloat16' or 'float16', got {self.factor_dtype!r}")
+        if self.factor_dtype not in FACTOR_DTYPES:
+            raise ValueError(f"factor_dtype must be one of {FACTOR_DTYPES}, got {self.factor_dtype!r}")
         if self.precision == "exact" and self.grad_value_tile is not None and self.grad_value_tile < 32:
             raise ValueError(f"precision='exact' needs grad_value_tile >= 32, got {self.grad_value_tile}: the level "
                              "gradients' tf32x3 products on 16-wide value tiles make an illegal memory access on "
@@ -386,9 +392,15 @@ class DeltaLaunchConfig:
         own = getattr(self, f"{group}_stages")
         return self.num_stages if own is None else own
 
-    def factor_storage(self, accumulation: torch.dtype) -> torch.dtype:
-        """The dtype W and the queries are stored in: ``factor_dtype``, or ``accumulation`` when it is ``None``."""
-        return accumulation if self.factor_dtype is None else getattr(torch, self.factor_dtype)
+    def factor_storage(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype W and the queries of a call with ``dtype`` inputs are stored in: ``factor_dtype`` when set;
+        else ``dtype`` itself for fp16 and bf16 calls under ``precision="fast"``, and :func:`accumulator_dtype`
+        of it for the rest (``"exact"``, fp32 and fp64 calls)."""
+        if self.factor_dtype is not None:
+            return getattr(torch, self.factor_dtype)
+        if dtype in (torch.float16, torch.bfloat16) and self.precision == "fast":
+            return dtype
+        return accumulator_dtype(dtype)
 
     def walk_launch(self, reverse: bool = False) -> dict:
         """Triton launch options of the level walks (``reverse``: of the backward's): warps, stages and, when

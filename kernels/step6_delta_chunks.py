@@ -167,7 +167,7 @@ def delta_chunks(q, k, v, beta, log_decay, chunk_size: int = 64,
     gc, beta_c = chunk_inputs(beta, log_decay, B, T, H, chunk_size, q.dtype)
     new = lambda *shape: torch.empty(*shape, device=q.device, dtype=acc)  # noqa: E731
     factor = lambda: torch.empty(B, H, N * chunk_size, BK1 + BK2, device=q.device,  # noqa: E731
-                                 dtype=config.factor_storage(acc))  # W and the queries, read once per live level
+                                 dtype=config.factor_storage(q.dtype))  # W and the queries, read once per live level
     out = DeltaChunks(new(B, H, N, chunk_size, chunk_size), new(B, H, N, chunk_size, chunk_size), factor(), factor(),
                       new(B, H, N * chunk_size, NV * BV), gc, beta_c)
     delta_chunk_kernel[(N, H, B)](

@@ -138,7 +138,16 @@ def test_the_cli_refuses_launch_options_without_variants(capsys):
 
     with pytest.raises(SystemExit):
         main(["--tier", "cpu", "--linear"])
-    assert "--linear and --configs go with --variants" in capsys.readouterr().err
+    assert "--linear goes with --variants" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--tier", "cpu", "--configs", "value_tile=16"])
+    assert "--configs goes with --variants or --accuracy" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--tier", "cpu", "--dtypes", "float16"])
+    assert "--shapes and --dtypes go with --accuracy" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--tier", "cpu", "--accuracy", "--shapes", "1,20,1,1,16"])
+    assert "a shape is B,T,H,Hk,K,V (six positive integers), got '1,20,1,1,16'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--tier", "cpu", "--variants", "--linear", "--configs", "1,16"])
     assert "--configs: a launch configuration is block_chunks,key_split" in capsys.readouterr().err
@@ -177,6 +186,35 @@ def test_variants_save_every_row_as_it_is_measured(tmp_path, monkeypatch):
     assert saved["complete"] is False
     [row] = saved["variants"]
     assert (row["T"], row["config"]["value_tile"], row["forward_backward_ms"]) == (16, 16, 3.0)
+
+
+def test_accuracy_runs_each_launch_configuration_and_saves_every_case(tmp_path, monkeypatch):
+    """``--accuracy --configs``: every shape under every configuration and dtype asked for, each case saved with
+    its configuration as it is measured; a run stopped midway keeps its cases, marked incomplete."""
+    import json
+
+    from loglin_edu.bench import __main__ as cli
+    from loglin_edu.kernels.config import DeltaLaunchConfig
+
+    measured = []
+
+    def errors_once(shape, dtype, device, config=None):
+        if len(measured) == 2:
+            raise KeyboardInterrupt
+        measured.append((shape, dtype, config))
+        return {"shape": shape, "dtype": str(dtype), "errors": {"o": 1e-3}}
+
+    monkeypatch.setattr(cli, "delta_accuracy", errors_once)
+    out = tmp_path / "a.json"
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["--tier", "cpu", "--model", "gated_deltanet", "--accuracy", "--shapes", "1,20,1,1,16,16",
+                  "--dtypes", "bfloat16", "float16", "--configs", "factor_dtype=float32", "factor_dtype=float16",
+                  "--out", str(out)])
+    assert measured == [((1, 20, 1, 1, 16, 16), torch.bfloat16, DeltaLaunchConfig(factor_dtype="float32")),
+                        ((1, 20, 1, 1, 16, 16), torch.float16, DeltaLaunchConfig(factor_dtype="float32"))]
+    saved = json.loads(out.read_text())
+    assert saved["complete"] is False and len(saved["accuracy"]) == 2
+    assert {case["config"]["factor_dtype"] for case in saved["accuracy"]} == {"float32"}
 
 
 def test_the_profile_takes_a_launch_configuration_of_either_model():

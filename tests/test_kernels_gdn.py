@@ -224,11 +224,26 @@ def test_16_bit_factors_cost_little_accuracy(factor_dtype, rtol):
         inputs(1, 150, 2, 2, 24, 40, seed=12), rtol=rtol, what=factor_dtype)
 
 
-def test_factor_storage_is_checked_and_follows_the_accumulation_by_default():
-    assert DeltaLaunchConfig().factor_storage(torch.float32) == torch.float32
+def test_16_bit_calls_store_w_and_the_queries_in_their_own_type_by_default():
+    q, k, v, _, g, beta = (x.to(torch.float16) for x in inputs(1, 20, 1, 1, 16, 16))
+    for config, stored in ((DeltaLaunchConfig(), torch.float16), (DeltaLaunchConfig(precision="exact"), torch.float32)):
+        chunks = delta_chunks(q, k, v, beta, g, chunk_size=16, config=config)
+        assert chunks.w.dtype == chunks.query.dtype == stored, config.precision
+
+
+def test_factor_storage_is_chosen_by_the_call_unless_set_and_is_checked():
+    """By default 16-bit calls store W and the queries in their own type under ``"fast"`` and in fp32 under
+    ``"exact"``; fp32 and fp64 calls in their own type; a set ``factor_dtype`` holds for every call."""
+    fast, exact = DeltaLaunchConfig(), DeltaLaunchConfig(precision="exact")
+    for dtype in (torch.float16, torch.bfloat16):
+        assert fast.factor_storage(dtype) == dtype and exact.factor_storage(dtype) == torch.float32
+    for dtype in (torch.float32, torch.float64):
+        assert fast.factor_storage(dtype) == exact.factor_storage(dtype) == dtype
+    assert DeltaLaunchConfig(factor_dtype="float32").factor_storage(torch.bfloat16) == torch.float32
     assert DeltaLaunchConfig(factor_dtype="float16").factor_storage(torch.float64) == torch.float16
-    with pytest.raises(ValueError, match="factor_dtype must be None, 'bfloat16' or 'float16'"):
-        DeltaLaunchConfig(factor_dtype="float32")
+    assert DeltaLaunchConfig(factor_dtype="bfloat16", precision="exact").factor_storage(torch.float16) == torch.bfloat16
+    with pytest.raises(ValueError, match="factor_dtype must be one of"):
+        DeltaLaunchConfig(factor_dtype="float64")
 
 
 def test_the_reverse_walk_takes_its_own_value_tile(monkeypatch):
@@ -324,8 +339,9 @@ def test_fp32_and_fp64_products_are_never_rounded_to_tf32(monkeypatch, dtype, al
 
 
 def test_fp16_inputs_match_float64_of_the_same_rounded_inputs():
-    """fp16 through the whole Function (16-bit products of q, k, v; fp32 factors and states): o and every
-    gradient within fp16's rounding of the float64 result on the same inputs."""
+    """fp16 through the whole Function (16-bit products of q, k, v; W and the queries stored in fp16, the other
+    factors and the states in fp32): o and every gradient within fp16's rounding of the float64 result on the
+    same inputs."""
     q, k, v, lam, g, beta = inputs(1, 80, 2, 1, 16, 16, seed=8)
     check_against_float64(
         lambda *a: kernels.loglinear_gated_deltanet(*a, chunk_size=16),

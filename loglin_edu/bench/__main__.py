@@ -29,6 +29,14 @@ LINEAR_VARIANTS = ((16, 64, 8, 2), (16, 64, 8, 1), (16, 32, 8, 2), (16, 32, 4, 2
 (step 1b), each run; block_chunks = 1 is the fully chunk-parallel extreme."""
 
 
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"B,T,H,Hk,K,V"`` as six positive integers."""
+    parts = text.split(",")
+    if len(parts) != 6 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"a shape is B,T,H,Hk,K,V (six positive integers), got {text!r}")
+    return tuple(int(p) for p in parts)
+
+
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--decode" in argv:  # the decoding benchmark has its own options (python -m loglin_edu.bench --decode --help)
@@ -48,12 +56,16 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", type=Path, help=f"results JSON (default {DEFAULT_RESULTS}/kernels_<device>.json, "
                         "kernels_gdn_<device>.json for gated_deltanet, relative to the directory the command runs in)")
     parser.add_argument("--accuracy", action="store_true", help="measure errors against float64 instead of speed")
+    parser.add_argument("--shapes", nargs="*", metavar="B,T,H,Hk,K,V",
+                        help="--accuracy: the shapes to measure (default: the model's accuracy shapes)")
+    parser.add_argument("--dtypes", nargs="*", choices=("float32", "float16", "bfloat16"),
+                        help="--accuracy: the input types to measure (default: all three on a GPU, float32 on a CPU)")
     parser.add_argument("--variants", action="store_true", help="time our kernel under several launch configurations")
     parser.add_argument("--linear", action="store_true",
                         help="--variants: the chunk-parallel linear Mamba-2 (kernel step 1b) instead of our log-linear "
                         "kernel, under LinearLaunchConfig variants")
     parser.add_argument("--configs", nargs="*", metavar="G,M,W,TW",
-                        help="--variants: launch configurations as head_group,block_levels,num_warps,tree_warps "
+                        help="--variants, --accuracy: launch configurations as head_group,block_levels,num_warps,tree_warps "
                         "or as LaunchConfig fields, e.g. tree_registers=true,tree_key_split=2 "
                         "(gated_deltanet: value_tile,grad_value_tile,walk_warps,grad_warps,num_stages; --linear: "
                         "block_chunks,key_split,num_warps,num_stages)")
@@ -63,9 +75,15 @@ def main(argv=None) -> dict:
     parser.add_argument("--decode", action="store_true",
                         help="the decoding benchmark instead (its own options: --decode --help)")
     args = parser.parse_args(argv)
-    if (args.linear or args.configs) and not args.variants:
-        parser.error("--linear and --configs go with --variants")
+    if args.linear and not args.variants:
+        parser.error("--linear goes with --variants")
+    if args.configs and not (args.variants or args.accuracy):
+        parser.error("--configs goes with --variants or --accuracy")
+    if (args.shapes or args.dtypes) and not args.accuracy:
+        parser.error("--shapes and --dtypes go with --accuracy")
 
+    if args.variants or args.accuracy:
+        from ..kernels.config import DeltaLaunchConfig, LaunchConfig, LinearLaunchConfig
     s = SETTINGS[args.model, args.tier]
     overrides = {name: value for name, value in (("lengths", tuple(args.lengths or ())), ("heads", args.heads),
                                                  ("key", args.key), ("value", args.value)) if value}
@@ -82,16 +100,29 @@ def main(argv=None) -> dict:
     out = args.out or DEFAULT_RESULTS / f"{prefix}_{mode + '_' if mode else ''}{device_slug(device)}.json"
     if args.accuracy:
         measure_errors = delta_accuracy if delta else accuracy
-        shapes = (DELTA_ACCURACY_SHAPES if delta else ACCURACY_SHAPES) if device.type == "cuda" else ((1, 40, 2, 1, 16, 16),)
-        dtypes = (torch.float32, torch.float16, torch.bfloat16) if device.type == "cuda" else (torch.float32,)
-        result["accuracy"] = [measure_errors(shape, dt, device) for shape in shapes for dt in dtypes]
-        for r in result["accuracy"]:
+        try:
+            shapes = [parse_shape(text) for text in args.shapes] if args.shapes else (
+                (DELTA_ACCURACY_SHAPES if delta else ACCURACY_SHAPES) if device.type == "cuda"
+                else ((1, 40, 2, 1, 16, 16),))
+            configs = [None] if not args.configs else [
+                config_from_spec(spec, DeltaLaunchConfig if delta else LaunchConfig) for spec in args.configs]
+        except ValueError as error:
+            parser.error(str(error))
+        dtypes = ([getattr(torch, name) for name in args.dtypes] if args.dtypes else
+                  (torch.float32, torch.float16, torch.bfloat16) if device.type == "cuda" else (torch.float32,))
+        cases = [(shape, dt, config) for shape in shapes for config in configs for dt in dtypes]
+        result["accuracy"] = []
+        for shape, dt, config in cases:  # written after every case: a run stopped midway keeps those it measured
+            r = measure_errors(shape, dt, device, config=config)
+            if args.configs:
+                r["config"] = asdict(config)
+            result["accuracy"].append(r)
+            result["complete"] = len(result["accuracy"]) == len(cases)
+            write_json(out, result)
             print(r["dtype"], r["shape"], {k: f"{v:.1e}" for k, v in r["errors"].items()}, flush=True)
     elif args.precision:
         result["precision"] = precision_ladder(s, s.lengths, device)
     elif args.variants:
-        from ..kernels.config import DeltaLaunchConfig, LaunchConfig, LinearLaunchConfig
-
         if args.linear and delta:
             parser.error("--linear times linear Mamba-2: it goes with --model loglinear_mamba2")
         kind, defaults = ((LinearLaunchConfig, LINEAR_VARIANTS) if args.linear else (DeltaLaunchConfig, DELTA_VARIANTS)
