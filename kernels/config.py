@@ -251,8 +251,8 @@ DELTA_PRECISIONS = ("fast", "exact")
 """How the delta-rule kernels (steps 6-9) multiply fp32 blocks in 16-bit calls (``DeltaLaunchConfig.precision``):
 ``"fast"`` in tf32, ``"exact"`` in tf32x3 (about fp32 accuracy). Every intermediate they store (the WY factors,
 the level states and their gradients) is fp32 in both, but for W and the queries carried to the chunk's start:
-under ``"fast"`` they are stored in the call's own 16-bit type (``DeltaLaunchConfig.factor_dtype``), under
-``"exact"`` in fp32; the ``C × C`` triangular solve always runs in tf32x3.
+by default stored in the call's own 16-bit type under ``"fast"`` and in fp32 under ``"exact"``
+(``DeltaLaunchConfig.factor_dtype`` sets another); the ``C × C`` triangular solve always runs in tf32x3.
 fp32 calls multiply exactly (``"ieee"``) in the level walks and the output, and in tf32x3 in the two per-chunk
 kernels (the WY factors and their backward, :func:`chunk_precision`); fp64 calls multiply exactly everywhere."""
 
