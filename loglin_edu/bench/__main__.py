@@ -82,8 +82,6 @@ def main(argv=None) -> dict:
     if (args.shapes or args.dtypes) and not args.accuracy:
         parser.error("--shapes and --dtypes go with --accuracy")
 
-    if args.variants or args.accuracy:
-        from ..kernels.config import DeltaLaunchConfig, LaunchConfig, LinearLaunchConfig
     s = SETTINGS[args.model, args.tier]
     overrides = {name: value for name, value in (("lengths", tuple(args.lengths or ())), ("heads", args.heads),
                                                  ("key", args.key), ("value", args.value)) if value}
@@ -92,6 +90,8 @@ def main(argv=None) -> dict:
     device = torch.device("cuda" if args.tier == "gpu" else "cpu")
     if device.type == "cpu" and "triton" not in sys.modules:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # this program's own process: the interpreter on a CPU
+    from ..kernels.config import DeltaLaunchConfig, LaunchConfig, LinearLaunchConfig
+
     result = provenance("python -m loglin_edu.bench " + " ".join(argv), device)
     result["setting"] = asdict(s)
     mode = ("accuracy" if args.accuracy else "precision_ladder" if args.precision
