@@ -107,6 +107,18 @@ def kernel_by_default(loglinear: bool, beta: bool) -> bool:
     return kernel_computes(loglinear, beta) and not beta
 
 
+def layer_backend(requested: str, loglinear: bool) -> str:
+    """The backend a layer gets when ``requested`` is asked of every layer of a model or an experiment.
+
+    ``"triton"`` means the Triton kernels wherever a layer has them: the log-linear layers (``loglinear``), the
+    delta rule's included, which ``"auto"`` does not take; the other layers get ``"auto"``. ``"auto"`` and
+    ``"torch"`` pass through.
+    """
+    if requested not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {requested!r}")
+    return "auto" if requested == KERNEL_FORM and not loglinear else requested
+
+
 def default_form(x: torch.Tensor, loglinear: bool, beta: bool) -> str:
     """``"triton"`` for CUDA tensors of fp32/fp16/bf16 when :func:`kernel_by_default`, else ``"chunkwise"``."""
     fast = x.is_cuda and x.dtype in (torch.float32, torch.float16, torch.bfloat16)

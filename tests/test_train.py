@@ -180,9 +180,22 @@ def test_tier_backend_reaches_the_layers():
     tier = replace(experiment.TIERS["cpu"], backend="auto")
     assert tier_from_dict(tier_to_dict(tier)) == tier
     assert experiment.model_config(tier, "loglinear_mamba2", 32).mixer_options["backend"] == "auto"
-    assert experiment.model_config(tier, "gated_deltanet", 32).mixer_options["backend"] == "torch"  # no kernel
+    kernels = replace(tier, backend="triton")  # the Triton kernels of both log-linear models, "auto" elsewhere
+    backends = {m: experiment.model_config(kernels, m, 32).mixer_options["backend"] for m in experiment.MODELS}
+    assert backends == dict(transformer="torch", mamba2="auto", loglinear_mamba2="triton", gated_deltanet="auto",
+                            loglinear_gated_deltanet="triton"), backends
+    assert experiment.model_config(kernels, "loglinear_gated_deltanet_tied", 32).mixer_options["backend"] == "triton"
     with pytest.raises(ValueError, match="backend must be"):
-        experiment.mixer_options("mamba2", 32, 8, "triton")
+        experiment.mixer_options("mamba2", 32, 8, "cuda")
+
+
+def test_layer_backend_gives_the_kernels_to_log_linear_layers_only():
+    from loglin_edu.ops import layer_backend
+
+    assert [layer_backend("triton", loglinear) for loglinear in (True, False)] == ["triton", "auto"]
+    assert [layer_backend(b, False) for b in ("auto", "torch")] == ["auto", "torch"]
+    with pytest.raises(ValueError, match="backend must be one of"):
+        layer_backend("cuda", True)
 
 
 def final_line(seed, lr, validation, test):

@@ -53,7 +53,8 @@ import torch
 
 from ..data.lm_data import TextData, TextSpec, prepare_text
 from ..data.token_stream import evaluation_starts
-from ..layers.model import MIXERS, ModelConfig, build_model, count_parameters
+from ..layers.model import LOGLINEAR_MIXERS, MIXERS, ModelConfig, build_model, count_parameters
+from ..ops import layer_backend
 from ..provenance import provenance, write_json
 from ..train import distributed
 from ..train.lm import LMTrainConfig, measure_throughput, train_lm
@@ -93,7 +94,8 @@ class LMTier:
     """Everything one tier runs: data, model shape, training, measurements, which models and seeds.
 
     d_state, head_dim: Mamba-2's state width and head width; gdn_heads: Gated DeltaNet's heads; chunk_size:
-    of the chunkwise forms; backend: ``"auto"`` (the fused or Triton kernels on CUDA where a layer has one) or
+    of the chunkwise forms; backend: ``"auto"`` (the fused or Triton kernels on CUDA where a layer takes them by
+    default), ``"triton"`` (also log-linear Gated DeltaNet's kernels; :func:`~loglin_edu.ops.layer_backend`) or
     ``"torch"``; eval_reserve_s: seconds ``--max-minutes`` keeps for the measurements after training.
     """
 
@@ -135,17 +137,17 @@ def mixer_settings(model: str, tier: LMTier) -> tuple[dict[str, Any], int]:
     """The mixer options and MLP ratio of ``model`` in ``tier`` (module docstring)."""
     d = tier.d_model
     if model == "transformer":
-        return dict(num_heads=max(1, d // 64), backend=tier.backend if tier.backend == "torch" else "auto",
+        return dict(num_heads=max(1, d // 64), backend=layer_backend(tier.backend, loglinear=False),
                     form="chunkwise", chunk_size=tier.chunk_size), 4
     if model in ("mamba2", "loglinear_mamba2"):
-        return dict(d_state=tier.d_state, head_dim=tier.head_dim, expand=2, backend=tier.backend,
-                    chunk_size=tier.chunk_size), 3
+        return dict(d_state=tier.d_state, head_dim=tier.head_dim, expand=2,
+                    backend=layer_backend(tier.backend, model in LOGLINEAR_MIXERS), chunk_size=tier.chunk_size), 3
     if model in ("gated_deltanet", "loglinear_gated_deltanet"):
         key_width = 3 * d // 4
         if key_width % tier.gdn_heads:
             raise ValueError(f"¾·d_model={key_width} must split into gdn_heads={tier.gdn_heads} heads")
-        return dict(num_heads=tier.gdn_heads, key_dim=key_width // tier.gdn_heads, expand_v=2, backend=tier.backend,
-                    chunk_size=tier.chunk_size), 3
+        return dict(num_heads=tier.gdn_heads, key_dim=key_width // tier.gdn_heads, expand_v=2,
+                    backend=layer_backend(tier.backend, model in LOGLINEAR_MIXERS), chunk_size=tier.chunk_size), 3
     raise ValueError(f"model must be one of {MODELS}, got {model!r}")
 
 
@@ -441,7 +443,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float)
     parser.add_argument("--corpus",
                         help="corpus sources, e.g. kjv+shakespeare+austen or files:PATH (default: the tier's)")
-    parser.add_argument("--backend", choices=["auto", "torch"], help="'auto': fused/Triton kernels on CUDA (default)")
+    parser.add_argument("--backend", choices=["auto", "torch", "triton"],
+                        help="'auto': fused/Triton kernels on CUDA where a layer takes them by default (default); "
+                             "'triton': also log-linear Gated DeltaNet's")
     parser.add_argument("--compile", action="store_true", help="torch.compile the models")
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--no-progress", action="store_true")

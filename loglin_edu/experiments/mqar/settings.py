@@ -11,6 +11,7 @@ import torch
 
 from ...data import RecallSet, drop_repeats, lagged_recall, mqar
 from ...layers.model import LOGLINEAR_MIXERS, MIXERS, ModelConfig, make_mixer
+from ...ops import BACKENDS, layer_backend
 from ...train import TrainConfig, save_atomic
 
 MODELS = tuple(MIXERS)  # transformer, mamba2, loglinear_mamba2, gated_deltanet, loglinear_gated_deltanet
@@ -129,11 +130,12 @@ def mixer_options(model: str, width: int, chunk_size: int, backend: str = "torch
     Mamba-2 (both): expand 2, heads of width 16, state width N = 16, one group.
     Gated DeltaNet (both): 2 heads, key width ``width / 2``, value width ``width``.
     ``<log-linear model>_tied``: the same layer with one λ per token for every level (``tie_levels=True``).
-    backend: ``"torch"`` (the PyTorch forms) or ``"auto"`` (the Triton kernel where a layer has one and the
-    tensors are on CUDA: log-linear Mamba-2); the other layers run their PyTorch forms either way.
+    backend of the recurrent mixers (:func:`~loglin_edu.ops.layer_backend`): ``"torch"`` (the PyTorch forms),
+    ``"auto"`` (on CUDA the Triton kernel of log-linear Mamba-2) or ``"triton"`` (the Triton kernels of both
+    log-linear models); the Transformer runs its dense PyTorch form either way.
     """
-    if backend not in ("torch", "auto"):
-        raise ValueError(f"backend must be 'torch' or 'auto', got {backend!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if model != base_model(model):
         if base_model(model) not in LOGLINEAR_MIXERS:
             raise ValueError(f"only log-linear models have a '{TIED}' variant, got {model!r}")
@@ -141,8 +143,10 @@ def mixer_options(model: str, width: int, chunk_size: int, backend: str = "torch
     if model == "transformer":
         return dict(num_heads=1, conv_size=attention_conv, rope=attention_rope, backend="torch", form="naive")
     if model in ("mamba2", "loglinear_mamba2"):
-        return dict(d_state=16, head_dim=16, expand=2, backend=backend, chunk_size=chunk_size)
-    return dict(num_heads=2, expand_v=2, backend="torch", chunk_size=chunk_size)
+        return dict(d_state=16, head_dim=16, expand=2, backend=layer_backend(backend, model in LOGLINEAR_MIXERS),
+                    chunk_size=chunk_size)
+    return dict(num_heads=2, expand_v=2, backend=layer_backend(backend, model in LOGLINEAR_MIXERS),
+                chunk_size=chunk_size)
 
 
 def transformer_layout(tier: Tier) -> dict[str, Any]:
