@@ -160,6 +160,22 @@ def test_step_time_benchmark_writes_its_rows(tmp_path):
                                dict(model="m", mode="graphs", ms_per_step=2.0)]) == {"m": {"graphs": 5.0}}
 
 
+def test_step_kernels_are_per_step_and_longest_first():
+    """The profile divides every kernel's launches and time by the steps recorded, and sums them."""
+    from loglin_edu.experiments.mqar import step_time
+
+    calls = []
+
+    def times(run):
+        run()
+        return {"small": [20, 4.0], "large": [10, 30.0]}
+
+    kernels = step_time.step_kernels(lambda: calls.append(1), steps=10, times=times)
+    assert len(calls) == 10
+    assert kernels["kernels"] == [["large", 1.0, 3.0], ["small", 2.0, 0.4]]
+    assert kernels["kernel_ms_per_step"] == pytest.approx(3.4) and kernels["kernel_launches_per_step"] == 3.0
+
+
 @pytest.mark.gpu
 def test_a_run_resumed_in_another_step_mode_trains_on(tmp_path):
     """Stopped in eager mode and resumed with its step captured (as a later piece may choose), a run ends where an

@@ -11,6 +11,12 @@ Each mixer runs in its own process. The processes compile and capture side by si
 all are ready, then take turns on the device (a file lock), so every measurement has the device and the CPU to
 itself. A row per mixer and mode: the median milliseconds of a step (:func:`loglin_edu.timing.median_ms`), the
 seconds from building the run to its first timed step (compilation and capture included) and the peak memory.
+
+With ``--profile`` (CUDA) each row also says where the step's device time goes: ``torch.profiler`` records
+:data:`PROFILED_STEPS` steps, and every kernel's launches and device milliseconds per step are listed, the
+longest first (:func:`~loglin_edu.bench.profile.device_times`), with their sum beside the measured step: a step
+whose kernels sum to much less than its milliseconds waits on launches, one whose kernels fill it is bound by
+them.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any
 
 import torch
 
+from ...bench.profile import device_times
 from ...provenance import provenance, write_json
 from ...timing import median_ms
 from ...train import Member
@@ -40,6 +47,7 @@ from .settings import MODELS, TIERS, Tier, make_sets, model_config, transformer_
 
 MODES = ("eager", "graphs", "compiled", "compiled+graphs")
 READY_WAIT_S = 900.0
+PROFILED_STEPS = 10
 
 
 def benchmark_tier(tier_name: str, train_examples: int | None, chunk_size: int | None = None,
@@ -78,12 +86,27 @@ def prepared_step(tier: Tier, model: str, width: int, mode: str, device: torch.d
     return step, cost
 
 
-def measure(step, mode: str, model: str, width: int, cost: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """One row: the step's median milliseconds (about 1.5 s of calls on CUDA, 5 calls on a CPU)."""
+def measure(step, mode: str, model: str, width: int, cost: dict[str, Any], device: torch.device,
+            profile: bool = False) -> dict[str, Any]:
+    """One row: the step's median milliseconds (about 1.5 s of calls on CUDA, 5 calls on a CPU); with ``profile``
+    (CUDA) also its kernels (:func:`step_kernels`)."""
     ms = median_ms(step, device=device, repeats=5, warmup=1, cuda_ms=1500.0)
-    return dict(model=model, width=width, mode=mode, ms_per_step=ms, seconds_to_first_step=round(cost["seconds"], 2),
-                run_gib=cost["gib"], members=len(step.run.members), capture_error=step.capture_error,
-                compile_error=step.compile_error, ran_as=step.mode)
+    row = dict(model=model, width=width, mode=mode, ms_per_step=ms, seconds_to_first_step=round(cost["seconds"], 2),
+               run_gib=cost["gib"], members=len(step.run.members), capture_error=step.capture_error,
+               compile_error=step.compile_error, ran_as=step.mode)
+    if profile and device.type == "cuda":
+        row.update(step_kernels(step))
+    return row
+
+
+def step_kernels(step, steps: int = PROFILED_STEPS, times=device_times) -> dict[str, Any]:
+    """Where ``steps`` calls of ``step`` spend device time: ``kernel_ms_per_step`` (every kernel's device time, summed)
+    and ``kernels``, one entry per kernel name, ``[name, launches per step, ms per step]``, the longest first."""
+    measured = times(lambda: [step() for _ in range(steps)])
+    kernels = sorted(([name, launches / steps, ms / steps] for name, (launches, ms) in measured.items()),
+                     key=lambda k: -k[2])
+    return dict(kernel_ms_per_step=sum(k[2] for k in kernels), kernel_launches_per_step=sum(k[1] for k in kernels),
+                kernels=kernels)
 
 
 @contextmanager
@@ -105,7 +128,7 @@ def wait_for_all(folder: Path, count: int) -> None:
 
 
 def worker(tier: Tier, model: str, width: int, modes: list[str], device: torch.device, folder: Path,
-           count: int) -> list[dict[str, Any]]:
+           count: int, profile: bool = False) -> list[dict[str, Any]]:
     """The measurements of one mixer: compiled modes prepared first (side by side with the other processes), then,
     in this process's turn on the device, every mode measured (the others prepared and freed one by one)."""
     train_sets, _, _ = make_sets(tier.data)
@@ -127,7 +150,7 @@ def worker(tier: Tier, model: str, width: int, modes: list[str], device: torch.d
                     raise RuntimeError(failed[mode])
                 step, cost = prepared.pop(mode) if mode in prepared else prepared_step(tier, model, width, mode,
                                                                                        device, train_sets)
-                rows.append(dict(measure(step, mode, model, width, cost, device), chunk_size=tier.chunk_size,
+                rows.append(dict(measure(step, mode, model, width, cost, device, profile), chunk_size=tier.chunk_size,
                                  backend=tier.backend))
                 del step
             except Exception as error:  # noqa: BLE001
@@ -166,6 +189,8 @@ def main(argv: list[str] | None = None) -> None:
                              "of both log-linear models (default: the tier's, torch)")
     parser.add_argument("--amp", action="store_true", help="bf16 autocast in the step (default: the tier's, off)")
     parser.add_argument("--tf32", action="store_true", help="TF32 matrix products in the step (default: the tier's, off)")
+    parser.add_argument("--profile", action="store_true",
+                        help="CUDA: also record every kernel of the step, its launches and device time per step")
     parser.add_argument("--device", default=None)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
@@ -180,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown modes {unknown}; choose from {MODES}")
     tier = benchmark_tier(args.tier, args.train_examples, args.chunk_size, args.backend, args.amp, args.tf32)
     if args.worker:
-        rows = worker(tier, args.worker, args.width, modes, device, args.folder, args.count)
+        rows = worker(tier, args.worker, args.width, modes, device, args.folder, args.count, args.profile)
         write_json(args.folder / f"rows-{args.worker}.json", rows)
         return
     with tempfile.TemporaryDirectory(prefix="step_time-") as work:
@@ -203,7 +228,7 @@ def run_workers(args: argparse.Namespace, argv: list[str] | None, modes: list[st
                               ("--backend", args.backend)):
             if value:
                 cmd += [option, str(value)]
-        cmd += [flag for flag, on in (("--amp", args.amp), ("--tf32", args.tf32)) if on]
+        cmd += [flag for flag, on in (("--amp", args.amp), ("--tf32", args.tf32), ("--profile", args.profile)) if on]
         log = (folder / f"log-{model}.txt").open("w")
         processes[model] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(
             os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS=threads))
@@ -223,6 +248,8 @@ def run_workers(args: argparse.Namespace, argv: list[str] | None, modes: list[st
             continue
         print(f"{r['model']:<28}{r['mode']:<18}{r['ms_per_step']:9.2f} ms/step   first step after "
               f"{r['seconds_to_first_step']:6.1f} s"
+              + (f"   kernels {r['kernel_ms_per_step']:.2f} ms in {r['kernel_launches_per_step']:.0f} launches"
+                 if "kernels" in r else "")
               + (f"   capture failed: {r['capture_error']}" if r["capture_error"] else ""))
     for model, log in failed.items():
         print(f"{model} failed:\n{log}", file=sys.stderr)
