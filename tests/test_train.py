@@ -408,6 +408,8 @@ def test_a_piece_of_worker_processes_plans_trains_and_merges(tmp_path):
     assert [j["steps_done"] for j in result["jobs"]] == [plans[0]["steps"]] * 2
     assert all(j["complete"] and j["plan"] for j in result["jobs"]) and len(result["best"]) == 2
     assert {"commit", "date", "versions"} <= merged.keys() and "gate" in result
+    named = experiment.merge({"gpu/mqar": tier}, tmp_path, device="cpu", commit="abc123")  # --commit names the code
+    assert named["commit"] == "abc123"
     experiment.run_piece({"gpu/mqar": tier}, tmp_path, "cpu", budget_s=240)
     again = experiment.merge({"gpu/mqar": tier}, tmp_path, device="cpu")["tiers"]["gpu/mqar"]
     assert [j["steps_done"] for j in again["jobs"]] == [plans[0]["steps"]] * 2

@@ -359,8 +359,8 @@ def merge(tiers: dict[str, Tier], out: Path, *, device: str, commit: str | None 
         seconds = sum(r.get("seconds", 0.0) for r in records)
         results[name] = results_record(name, tier, records, device=device, seconds=seconds, commit=commit,
                                        command=command)
-    return dict(what="associative-recall reproduction: one results record per tier", **provenance(command, device),
-                **({"commit": commit} if commit else {}), tiers=results)
+    made = {**provenance(command, device), **({"commit": commit} if commit else {})}
+    return dict(what="associative-recall reproduction: one results record per tier", **made, tiers=results)
 
 
 def tier_to_dict(tier: Tier) -> dict[str, Any]:
