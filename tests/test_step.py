@@ -176,6 +176,19 @@ def test_step_kernels_are_per_step_and_longest_first():
     assert kernels["kernel_ms_per_step"] == pytest.approx(3.4) and kernels["kernel_launches_per_step"] == 3.0
 
 
+def test_kernel_groups_take_each_kernel_once_by_its_name():
+    from loglin_edu.experiments.mqar import step_time
+
+    kernels = [["triton_per_fused_gather_scatter_add_mul_1", 1, 1.5], ["triton_poi_fused_silu_2", 2, 0.5],
+               ["void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64>", 3, 1.0],
+               ["void at::native::multi_tensor_apply_kernel<...>", 24, 0.25], ["Memset (Device)", 1, 0.125]]
+    groups = step_time.kernel_groups(kernels)
+    assert groups == {"matrix products": 1.0, "optimiser and clipping": 0.25,
+                      "fused with a scatter (λ's gather, backward)": 1.5, "fused by torch.compile": 0.5,
+                      step_time.OTHER_KERNELS: 0.125}
+    assert sum(groups.values()) == sum(k[2] for k in kernels)
+
+
 @pytest.mark.gpu
 def test_a_run_resumed_in_another_step_mode_trains_on(tmp_path):
     """Stopped in eager mode and resumed with its step captured (as a later piece may choose), a run ends where an

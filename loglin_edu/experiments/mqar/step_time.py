@@ -127,6 +127,27 @@ def wait_for_all(folder: Path, count: int) -> None:
         time.sleep(0.5)
 
 
+KERNEL_GROUPS = (  # (group, substrings of a kernel's name), the first group that matches takes the kernel
+    ("matrix products", ("gemm", "nvjet", "cutlass", "xmma")),
+    ("triangular solves", ("trsm",)),
+    ("short convolutions", ("conv_depthwise",)),
+    ("optimiser and clipping", ("multi_tensor_apply", "lpnorm", "NormTwoOps")),
+    ("fused with a scatter (λ's gather, backward)", ("scatter_add",)),
+    ("fused by torch.compile", ("triton_",)),
+)
+OTHER_KERNELS = "other elementwise, copies"
+
+
+def kernel_groups(kernels: list[list]) -> dict[str, float]:
+    """Milliseconds per step of each :data:`KERNEL_GROUPS` group (and :data:`OTHER_KERNELS`), from a row's
+    ``kernels`` (:func:`step_kernels`); groups in their order, empty ones left out."""
+    totals = dict.fromkeys([g for g, _ in KERNEL_GROUPS] + [OTHER_KERNELS], 0.0)
+    for name, _, ms in kernels:
+        group = next((g for g, marks in KERNEL_GROUPS if any(mark in name for mark in marks)), OTHER_KERNELS)
+        totals[group] += ms
+    return {g: ms for g, ms in totals.items() if ms > 0}
+
+
 def worker(tier: Tier, model: str, width: int, modes: list[str], device: torch.device, folder: Path,
            count: int, profile: bool = False) -> list[dict[str, Any]]:
     """The measurements of one mixer: compiled modes prepared first (side by side with the other processes), then,
