@@ -177,6 +177,8 @@ def test_step_kernels_are_per_step_and_longest_first():
 
 
 def test_kernel_groups_take_each_kernel_once_by_its_name():
+    """Each kernel lands in the first group whose marks its name holds (a fused kernel with a scatter-add in the
+    scatter group, not the plain fused one), unknown names in the rest, and no time is lost or counted twice."""
     from loglin_edu.experiments.mqar import step_time
 
     kernels = [["triton_per_fused_gather_scatter_add_mul_1", 1, 1.5], ["triton_poi_fused_silu_2", 2, 0.5],

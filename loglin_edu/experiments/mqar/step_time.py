@@ -109,24 +109,6 @@ def step_kernels(step, steps: int = PROFILED_STEPS, times=device_times) -> dict[
                 kernels=kernels)
 
 
-@contextmanager
-def device_turn(folder: Path):
-    """An exclusive turn on the device among the benchmark's processes (a lock file)."""
-    with (folder / "device.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def wait_for_all(folder: Path, count: int) -> None:
-    """Block until ``count`` processes have written their ``ready-*`` file (or the wait times out)."""
-    give_up = time.time() + READY_WAIT_S
-    while len(list(folder.glob("ready-*"))) < count and time.time() < give_up:
-        time.sleep(0.5)
-
-
 KERNEL_GROUPS = (  # (group, substrings of a kernel's name), the first group that matches takes the kernel
     ("matrix products", ("gemm", "nvjet", "cutlass", "xmma")),
     ("triangular solves", ("trsm",)),
@@ -146,6 +128,24 @@ def kernel_groups(kernels: list[list]) -> dict[str, float]:
         group = next((g for g, marks in KERNEL_GROUPS if any(mark in name for mark in marks)), OTHER_KERNELS)
         totals[group] += ms
     return {g: ms for g, ms in totals.items() if ms > 0}
+
+
+@contextmanager
+def device_turn(folder: Path):
+    """An exclusive turn on the device among the benchmark's processes (a lock file)."""
+    with (folder / "device.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def wait_for_all(folder: Path, count: int) -> None:
+    """Block until ``count`` processes have written their ``ready-*`` file (or the wait times out)."""
+    give_up = time.time() + READY_WAIT_S
+    while len(list(folder.glob("ready-*"))) < count and time.time() < give_up:
+        time.sleep(0.5)
 
 
 def worker(tier: Tier, model: str, width: int, modes: list[str], device: torch.device, folder: Path,
