@@ -31,13 +31,19 @@ from .state import FenwickState
 
 
 def intra_chunk_scales(level_scales: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """``Λ[n, i, j] = λ[nC + i, level(i, j)]`` (0 for ``j > i``).
+    """``Λ[n, i, j] = λ[nC + i, level(i, j)]`` (0 for ``j > i``), as ``Σ_ℓ λ[nC + i, ℓ] · [level(i, j) = ℓ]``.
 
     level_scales: ``[B, H, N, C, L]`` (chunked, ``L > log2 C``) -> ``[B, H, N, C, C]``.
+
+    Each entry is one λ times one plus zeros, so the sum is exact. Written so rather than as a gather, its gradient
+    is a sum over ``j`` per level, which ``torch.compile`` fuses; a gather's gradient adds every entry back into its
+    level one by one (a scatter-add).
     """
-    levels = levels_within_chunk(chunk_size, device=level_scales.device)
-    index = levels.clamp(min=0).expand(*level_scales.shape[:-1], chunk_size)
-    return torch.gather(level_scales, -1, index) * (levels >= 0)
+    levels = levels_within_chunk(chunk_size, device=level_scales.device)  # [C, C], -1 for j > i
+    inner = chunk_size.bit_length()  # levels 0..log2 C
+    ell = torch.arange(inner, device=level_scales.device)
+    one_hot = (levels[:, None, :] == ell[:, None]).to(level_scales.dtype)  # [C, log2 C + 1, C]
+    return (level_scales[..., :inner, None] * one_hot).sum(-2)
 
 
 def chunk_scan(

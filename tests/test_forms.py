@@ -102,3 +102,22 @@ def test_float32_forms_agree_to_float32_precision():
         out = op(*args, form=form, chunk_size=16)
         assert out.dtype == torch.float32
         assert_close(out.double(), ref, rtol=1e-5, what=f"float32 {form}")
+
+
+@pytest.mark.parametrize("chunk_size", [1, 2, 8, 32])
+def test_intra_chunk_scales_are_the_gathered_level_weights(chunk_size):
+    """``Λ[n, i, j] = λ[nC + i, level(i, j)]`` below the diagonal and 0 above, exactly; its gradient sends each
+    entry's gradient to its level, as a gather's does (to rounding: the sums run in another order)."""
+    from loglin_edu.chunk_scan import intra_chunk_scales
+    from loglin_edu.fenwick import levels_within_chunk
+
+    torch.manual_seed(0)
+    lam = torch.rand(2, 3, 4, chunk_size, chunk_size.bit_length() + 2, dtype=torch.float64, requires_grad=True)
+    levels = levels_within_chunk(chunk_size)
+    gathered = torch.gather(lam, -1, levels.clamp(min=0).expand(*lam.shape[:-1], chunk_size)) * (levels >= 0)
+    scales = intra_chunk_scales(lam, chunk_size)
+    assert torch.equal(scales, gathered)
+    weights = torch.randn_like(scales)
+    (expected,) = torch.autograd.grad(gathered, lam, weights)
+    (grad,) = torch.autograd.grad(scales, lam, weights)
+    torch.testing.assert_close(grad, expected, rtol=1e-12, atol=1e-12)

@@ -126,6 +126,31 @@ def test_gated_convolution_is_a_convolution_times_a_projection_plus_the_input():
         GatedConvolution(D, 0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_short_convolution_is_a_causal_depthwise_convolution(dtype):
+    """``ShortConvolution`` equals PyTorch's grouped ``conv1d`` with ``w - 1`` zeros in front, then SiLU: to rounding
+    in float64 and float32, exactly in bf16 (both sum in float32 and round once); its decoding step agrees."""
+    import torch.nn.functional as F
+
+    from loglin_edu.layers import ShortConvolution
+
+    torch.manual_seed(0)
+    layer = ShortConvolution(6, 4).to(dtype if dtype != torch.bfloat16 else torch.float32)
+    x = torch.randn(3, 11, 6, dtype=dtype)
+    padded = F.pad(x.transpose(1, 2), (3, 0))
+    expected = F.silu(F.conv1d(padded, layer.weight.to(dtype), layer.bias.to(dtype), groups=6).transpose(1, 2))
+    tolerance = dict(rtol=0, atol=0) if dtype == torch.bfloat16 else dict(rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(layer(x), expected, **tolerance)
+    window = torch.zeros(3, 3, 6, dtype=dtype)
+    for t in range(x.shape[1]):
+        y_t, window = layer.step(x[:, t], window)
+        step_tolerance = 0.02 if dtype == torch.bfloat16 else 1e-6  # the step rounds its einsum in bf16
+        torch.testing.assert_close(y_t.double(), expected[:, t].double(), rtol=step_tolerance, atol=step_tolerance)
+    if dtype == torch.float64:
+        x.requires_grad_(True)
+        assert torch.autograd.gradcheck(layer, (x,))
+
+
 def test_a_hybrid_model_puts_the_gated_convolution_in_the_even_layers():
     """``hybrid_conv=w``: layers 0, 2, ... are gated convolutions of width w, the others the mixer."""
     options = dict(num_heads=1, conv_size=0, rope=False, backend="torch", form="naive")

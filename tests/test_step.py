@@ -240,3 +240,27 @@ def test_one_step_mode_for_a_piece_counts_its_compilation(tmp_path):
     rows[-1] = dict(model="b", mode="compiled+graphs", error="RuntimeError: no compiler")
     path.write_text(json.dumps(dict(modes=["graphs", "compiled+graphs"], rows=rows)))
     assert mode_from(path, budget_s=3000, jobs=4) == "graphs"
+
+
+def test_members_are_clipped_as_clip_grad_norm_clips_each():
+    """One pass over every member's gradients clips each member as ``clip_grad_norm_`` does, bit for bit."""
+    import copy
+
+    from torch import nn
+
+    from loglin_edu.train.step import clip_member_gradients
+
+    torch.manual_seed(0)
+    members = [nn.Sequential(nn.Linear(5, 4), nn.LayerNorm(4)) for _ in range(3)]
+    for i, m in enumerate(members):
+        (m(torch.randn(7, 5)) * 10.0 ** (i - 2)).pow(2).sum().backward()  # norms above and below the threshold
+    alone = copy.deepcopy(members)
+    for m, a in zip(members, alone):
+        for p, q in zip(m.parameters(), a.parameters()):
+            q.grad = p.grad.clone()
+    expected = [nn.utils.clip_grad_norm_(m.parameters(), 1.0, foreach=True) for m in alone]
+    norms = clip_member_gradients(members, 1.0)
+    assert torch.equal(norms, torch.stack(expected)) and norms.min() < 1.0 < norms.max()
+    for m, a in zip(members, alone):
+        for p, q in zip(m.parameters(), a.parameters()):
+            assert torch.equal(p.grad, q.grad)

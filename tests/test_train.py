@@ -611,3 +611,38 @@ def test_the_zoology_hybrid_transformer_is_the_mqar_tiers_and_an_option_of_the_o
     assert experiment.describe_transformer(record["transformer"]).startswith("a gated convolution layer, then attention")
     assert experiment.describe_transformer(experiment.transformer_layout(experiment.TIERS["gpu/lagged"])) == (
         "a convolution of width 3 before attention in each layer, RoPE")
+
+
+def test_a_checkpointed_optimiser_follows_the_resuming_runs_form():
+    """An optimiser state saved by the ``foreach`` AdamW (the CPU's) and loaded where the update is the fused one
+    (CUDA's) takes the run's form, keeps its moments and step counts, and goes on updating as the saved form would,
+    to rounding. (PyTorch's fused AdamW runs on the CPU too, which lets this be checked here.)"""
+    import copy
+
+    from loglin_edu.train import make_optimizer
+    from loglin_edu.train.loop import follow_step_mode
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
+    optimizer = make_optimizer([model], [1e-2], weight_decay=0.1)
+    assert all(g["foreach"] and not g["fused"] for g in optimizer.param_groups)
+
+    def step(m, opt, seed):
+        torch.manual_seed(seed)
+        opt.zero_grad()
+        m(torch.randn(5, 4)).pow(2).sum().backward()
+        opt.step()
+
+    for seed in range(3):
+        step(model, optimizer, seed)
+    resumed_model = copy.deepcopy(model)
+    resumed = make_optimizer([resumed_model], [1e-2], weight_decay=0.1)
+    resumed.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    follow_step_mode(resumed, capturable=False, fused=True)
+    assert all(g["fused"] and not g["foreach"] for g in resumed.param_groups)
+    assert [resumed.state[p]["step"].item() for p in resumed_model.parameters()] == [3.0] * 4
+    for seed in range(3, 6):
+        step(model, optimizer, seed)
+        step(resumed_model, resumed, seed)
+    for a, b in zip(model.parameters(), resumed_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)

@@ -15,7 +15,9 @@ class ShortConvolution(nn.Module):
     """Depthwise causal convolution over time, ``y_t = act(Σ_{i<w} W[:, i] x_{t-w+1+i} + b)``.
 
     The "short convolution" of Mamba-2 and Gated DeltaNet: each channel sees its last ``w`` inputs.
-    x: ``[B, T, C]`` -> ``[B, T, C]``.
+    x: ``[B, T, C]`` -> ``[B, T, C]``. The sum is written out as ``w`` shifted products, summed in float32 and
+    rounded once to the input's precision: elementwise work that ``torch.compile`` fuses with the gates around it
+    (a depthwise convolution kernel would run on its own, forward and backward).
     """
 
     def __init__(self, channels: int, kernel_size: int = 4, activation: bool = True) -> None:
@@ -27,9 +29,12 @@ class ShortConvolution(nn.Module):
         nn.init.uniform_(self.weight, -1 / math.sqrt(kernel_size), 1 / math.sqrt(kernel_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.pad(x.transpose(1, 2), (self.kernel_size - 1, 0))  # left padding keeps it causal
-        weight, bias = self.weight.to(x.dtype), self.bias.to(x.dtype)  # x may be bf16 under autocast
-        y = F.conv1d(x, weight, bias, groups=self.weight.shape[0]).transpose(1, 2)
+        T, w = x.shape[1], self.kernel_size
+        wide = torch.promote_types(x.dtype, torch.float32)
+        padded = F.pad(x, (0, 0, w - 1, 0)).to(wide)  # left padding keeps it causal
+        weight = self.weight[:, 0].to(x.dtype).to(wide)  # under autocast x is bf16: weights rounded as it is
+        y = self.bias.to(x.dtype).to(wide) + sum(padded[:, i : i + T] * weight[:, i] for i in range(w))
+        y = y.to(x.dtype)
         return F.silu(y) if self.activation else y
 
     def window(self, x: torch.Tensor) -> torch.Tensor:

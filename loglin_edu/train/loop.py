@@ -89,15 +89,16 @@ class Run:
                              loss_steps=self.loss_steps), self.checkpoint_path)
 
 
-def follow_step_mode(optimizer: torch.optim.Optimizer, capturable: bool) -> None:
-    """A checkpoint written in another step mode: its groups' ``capturable`` flag and step counts (on the device
-    for a captured step, on the CPU otherwise) follow this run's mode."""
+def follow_step_mode(optimizer: torch.optim.Optimizer, capturable: bool, fused: bool = False) -> None:
+    """A checkpoint written in another step mode or optimiser form: its groups' ``capturable`` and ``fused`` flags and
+    step counts (on the device for a captured step or the fused form, on the CPU otherwise) follow this run's."""
     for group in optimizer.param_groups:
-        group["capturable"] = capturable
+        group["capturable"], group["fused"] = capturable, fused
+        group["foreach"] = not fused
         for p in group["params"]:
             state = optimizer.state.get(p, {})
             if "step" in state:
-                state["step"] = state["step"].to(p.device if capturable else "cpu", torch.float32)
+                state["step"] = state["step"].to(p.device if capturable or fused else "cpu", torch.float32)
 
 
 def start_run(model_config: ModelConfig, members: list[Member], config: TrainConfig, out: Path | None,
@@ -114,8 +115,9 @@ def start_run(model_config: ModelConfig, members: list[Member], config: TrainCon
                              "remove it to start over")
         for model, weights in zip(ensemble.members, state["models"]):
             model.load_state_dict(weights)
+        fused = bool(optimizer.param_groups[0].get("fused"))  # this run's form, before the checkpoint's replaces it
         optimizer.load_state_dict(state["optimizer"])
-        follow_step_mode(optimizer, config.graphs)
+        follow_step_mode(optimizer, config.graphs, fused)
         run.step, run.seconds = state["step"], state["seconds"]
         run.loss_sum, run.loss_steps = state["loss_sum"], state["loss_steps"]
         run.history = keep_log_until(run.log_path, run.step)

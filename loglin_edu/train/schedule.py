@@ -33,9 +33,12 @@ def make_optimizer(models: Sequence[nn.Module], lrs: Iterable[float], weight_dec
     """AdamW over several models, each with its own peak learning rate (:func:`parameter_groups`).
 
     capturable: step counts stay on the device and learning rates may be device tensors, so that the step can be
-    recorded in a CUDA graph (:mod:`~loglin_edu.train.step`)."""
+    recorded in a CUDA graph (:mod:`~loglin_edu.train.step`). On CUDA the update is PyTorch's fused AdamW (one
+    kernel per group, its step counts on the device); elsewhere the ``foreach`` form."""
+    models = list(models)
     groups = [g for model, lr in zip(models, lrs) for g in parameter_groups(model, lr, weight_decay)]
-    return torch.optim.AdamW(groups, betas=betas, foreach=True, capturable=capturable)
+    fused = all(p.is_cuda for model in models for p in model.parameters())
+    return torch.optim.AdamW(groups, betas=betas, foreach=not fused, fused=fused, capturable=capturable)
 
 
 def set_learning_rates(optimizer: torch.optim.Optimizer, factor: float) -> None:
