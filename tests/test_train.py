@@ -291,6 +291,13 @@ def test_no_verdict_between_cells_trained_for_different_numbers_of_steps():
     assert not far["equal_training"] and far["verdict"] is None and far["steps"]["mamba2"] == [800]
 
 
+def test_a_claim_with_a_missing_cell_says_nothing_about_equal_training():
+    result = result_with({("transformer", 32): [1.0, 1.0, 1.0], ("mamba2", 32): [0.40, 0.45, 0.42]})
+    missing = experiment.verdict(result, "loglinear_mamba2", "mamba2", 32)
+    assert missing["equal_training"] is None and missing["verdict"] is None
+    assert missing["steps"]["loglinear_mamba2"] == [] and missing["ours"]["seeds"] == (0, 3)
+
+
 def test_training_scale_counts_steps_per_width():
     """Widths trained in different pieces can have different lengths: the scale says the steps of each width."""
     jobs = [dict(name=f"{m}-d{w}", width=w, steps_done=steps, complete=True)

@@ -166,14 +166,15 @@ def verdict(result: dict[str, Any], model: str, baseline: str, width: int) -> di
     - not at this scale: anything else (within the seed spread, or neither model learned the task).
 
     No verdict (None) when a cell is missing or the two were not trained alike: ``equal_training`` is False when
-    their final steps differ by more than :data:`STEP_TOLERANCE` (a deadline stopped one of them early);
-    ``steps`` gives each one's.
+    their final steps differ by more than :data:`STEP_TOLERANCE` (a deadline stopped one of them early), and None
+    when a cell has no results to compare; ``steps`` gives each one's.
     """
     c = compare(result, model, baseline, width)
     rows = [r for r in result["best"] if r["width"] == width and r["model"] in (model, baseline)]
     steps = {m: sorted({r.get("step") for r in rows if r["model"] == m}) for m in (model, baseline)}
     done = [r["step"] for r in rows if r.get("step") is not None]
-    equal_training = bool(rows) and (not done or min(done) >= (1 - STEP_TOLERANCE) * max(done))
+    equal_training = (None if not all(steps.values()) else
+                      not done or min(done) >= (1 - STEP_TOLERANCE) * max(done))
     paper = None
     if result["data"]["task"] == "mqar" and model in PAPER_MQAR and baseline in PAPER_MQAR:
         paper = dict(model=PAPER_MQAR[model][width], baseline=PAPER_MQAR[baseline][width],
