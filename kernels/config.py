@@ -20,16 +20,20 @@ def block(n: int, minimum: int = 16) -> int:
     return max(minimum, 1 << (n - 1).bit_length())
 
 
-def head_block(n: int) -> int:
-    """Tile width of a key or value dimension (``K`` or ``V``, the operands of the state products).
+def head_block(n: int, dtype: torch.dtype | None = None) -> int:
+    """Tile width of a key or value dimension (``K`` or ``V``, the operands of the state products) of a call
+    with ``dtype`` inputs (``None``: any).
 
-    At least 64 on a GPU: with 16- or 32-wide tiles, the fp16/bf16 state-reading kernels compiled by Triton 3.6
-    for Hopper give wrong outputs (NaN, or errors of 30-100 %) while the interpreter is exact; the GPU tests
-    cover narrow heads. The interpreter keeps the narrow tiles, which are correct and cheaper there.
+    At least 64 on a GPU for 16-bit inputs (and when the caller does not say): with 16- or 32-wide tiles, the
+    fp16/bf16 state-reading kernels compiled by Triton 3.6 for Hopper give wrong outputs (NaN, or errors of
+    30-100 %) while the interpreter is exact; the GPU tests cover narrow heads. fp32 and fp64 calls keep narrow
+    tiles, as the interpreter does: correct there (the GPU tests check them) and, for narrow heads, up to four
+    times less work.
     """
     from . import interpreted
 
-    return block(n, 16 if interpreted() else 64)
+    narrow = interpreted() or dtype in (torch.float32, torch.float64)
+    return block(n, 16 if narrow else 64)
 
 
 PRECISIONS = ("fast", "split", "fp32", "exact")
@@ -42,7 +46,8 @@ PRECISIONS = ("fast", "split", "fp32", "exact")
 - ``"fp32"``: and states stored in fp32, their products in tf32;
 - ``"exact"``: and those products in tf32x3 (three tf32 passes, about fp32 accuracy).
 
-fp32 and fp64 calls ignore it: their products are exact (``"ieee"``) and their states keep their type.
+fp32 and fp64 calls ignore it: their products are exact (``"ieee"``; fp32 in tf32 while PyTorch's
+``allow_tf32`` is set, :func:`dot_precision`) and their states keep their type.
 Every rung meets the bf16 bound of 1e-2 on o and every gradient up to T = 65,536, so the default is the
 fastest; the book's chapter 9 shows the measured time and errors of each rung
 (``python -m loglin_edu.bench --precision``).
@@ -56,10 +61,14 @@ def check_precision(precision: str) -> None:
 
 
 def dot_precision(dtype: torch.dtype, precision: str = "fast") -> str:
-    """``tl.dot`` precision: exact (``"ieee"``) for fp32/fp64 inputs; for fp16/bf16 inputs the 16-bit dots
+    """``tl.dot`` precision: for fp64 inputs exact (``"ieee"``); for fp32 inputs exact too, or tf32 while
+    ``torch.backends.cuda.matmul.allow_tf32`` is set — the switch under which ``torch.matmul`` multiplies fp32 in
+    tf32, so a kernel call rounds as the PyTorch forms beside it do; for fp16/bf16 inputs the 16-bit dots
     ignore it and the fp32 dots (those with a state) run in tf32, or in tf32x3 at ``precision="exact"``."""
-    if dtype in (torch.float32, torch.float64):
+    if dtype == torch.float64:
         return "ieee"
+    if dtype == torch.float32:
+        return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
     return "tf32x3" if precision == "exact" else "tf32"
 
 
@@ -253,7 +262,8 @@ DELTA_PRECISIONS = ("fast", "exact")
 the level states and their gradients) is fp32 in both, but for W and the queries carried to the chunk's start:
 by default stored in the call's own 16-bit type under ``"fast"`` and in fp32 under ``"exact"``
 (``DeltaLaunchConfig.factor_dtype`` sets another); the ``C × C`` triangular solve always runs in tf32x3.
-fp32 calls multiply exactly (``"ieee"``) in the level walks and the output, and in tf32x3 in the two per-chunk
+fp32 calls multiply exactly (``"ieee"``; in tf32 while PyTorch's ``allow_tf32`` is set, :func:`dot_precision`) in
+the level walks and the output, and in tf32x3 in the two per-chunk
 kernels (the WY factors and their backward, :func:`chunk_precision`); fp64 calls multiply exactly everywhere."""
 
 def key_tiles(K: int, widest: int = MAX_BLOCK) -> tuple[int, int]:

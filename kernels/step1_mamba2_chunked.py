@@ -32,8 +32,9 @@ import torch
 import triton
 import triton.language as tl
 
+from . import interpreted
 from .config import MAX_BLOCK, accumulator_dtype, dot_precision, head_block, partial_dtype
-from .inputs import chunk_decay, last_dim_contiguous, reverse_cumsum, same_strides
+from .inputs import chunk_decay, fold_into_batch, last_dim_contiguous, reverse_cumsum, same_strides
 from .tiles import decay_matrix, load_qk_scores, load_tile, store_tile
 
 
@@ -140,8 +141,8 @@ def _launch_shape(q, v, chunk_size):
     H, V = v.shape[2], v.shape[3]
     if K > MAX_BLOCK:
         raise ValueError(f"the kernel holds K <= {MAX_BLOCK} (wrappers split wider keys), got K={K}")
-    BV = min(head_block(V), 64)
-    return B, T, H, K, V, head_block(K), BV, -(-V // BV), -(-T // chunk_size)
+    BV = min(head_block(V, v.dtype), 64)
+    return B, T, H, K, V, head_block(K, q.dtype), BV, -(-V // BV), -(-T // chunk_size)
 
 
 def mamba2_forward(q, k, v, gc, chunk_size: int = 64, num_warps: int = 4) -> torch.Tensor:
@@ -184,36 +185,65 @@ def mamba2_backward(q, k, v, gc, do, chunk_size: int = 64, num_warps: int = 4):
 
 
 class Mamba2Chunked(torch.autograd.Function):
-    """Autograd for step 1: ``o = mamba2(q, k, v, log_decay)``; ``log_decay`` may be None (no decay)."""
+    """Autograd for step 1: ``o = Mamba2Chunked.apply(q, k, v, log_decay, chunk_size)``; ``log_decay`` may be
+    None (no decay). Under :func:`torch.func.vmap` (the training ensemble) the mapped dimension is folded into
+    the batch — every sequence is independent — so the kernels run once for all members."""
+
+    generate_vmap_rule = False
 
     @staticmethod
-    def forward(ctx, q, k, v, log_decay, chunk_size):
+    def forward(q, k, v, log_decay, chunk_size):
         q, k = same_strides(q, k)
         v = last_dim_contiguous(v)
         B, T, H = v.shape[:3]
         gc, _ = chunk_decay(log_decay, B, T, H, chunk_size, q.device, q.dtype)
-        ctx.save_for_backward(q, k, v, gc)
-        ctx.chunk_size, ctx.has_decay, ctx.decay_dtype = chunk_size, log_decay is not None, getattr(log_decay, "dtype", None)
-        return mamba2_forward(q, k, v, gc, chunk_size)
+        return mamba2_forward(q, k, v, gc, chunk_size), gc
 
     @staticmethod
-    def backward(ctx, do):
+    def setup_context(ctx, inputs, output):
+        q, k, v, log_decay, chunk_size = inputs
+        ctx.mark_non_differentiable(output[1])
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(q, k, v, output[1])
+        ctx.chunk_size, ctx.decay_dtype = chunk_size, getattr(log_decay, "dtype", None)
+
+    @staticmethod
+    def backward(ctx, do, _):
+        if do is None:
+            return None, None, None, None, None
         q, k, v, gc = ctx.saved_tensors
+        q, k = same_strides(q, k)
+        v = last_dim_contiguous(v)
         dq, dk, dv, d_cum = mamba2_backward(q, k, v, gc, last_dim_contiguous(do), ctx.chunk_size)
         dg = None
-        if ctx.has_decay:
+        if ctx.decay_dtype is not None:
             T = q.shape[1]
             dg = reverse_cumsum(d_cum, -1)[:, :, :T].transpose(1, 2).to(ctx.decay_dtype)
         return dq, dk, dv, dg, None
 
+    @staticmethod
+    def vmap(info, in_dims, q, k, v, log_decay, chunk_size):
+        """``[M, B, ...]`` -> ``[M·B, ...]``, one call, and back (unmapped inputs are expanded)."""
+        M = info.batch_size
+        args = [fold_into_batch(x, d, M) for x, d in zip((q, k, v, log_decay), in_dims[:4])]
+        o, gc = Mamba2Chunked.apply(*args, chunk_size)
+        return (o.unflatten(0, (M, -1)), gc.unflatten(0, (M, -1))), (0, 0)
+
 
 def mamba2_triton(q, k, v, log_decay=None, chunk_size: int = 64) -> torch.Tensor:
-    """Mamba-2 by the step-1 kernel: q, k ``[B, T, H or 1, K]``, v ``[B, T, H, V]``, log_decay
-    ``[B, T, H]`` or None -> ``[B, T, H, V]``. Keys wider than 128 are split: ``o`` is a sum over key blocks."""
+    """Mamba-2 by the step-1 kernel, differentiable: q, k ``[B, T, H or 1, K]``, v ``[B, T, H, V]``, log_decay
+    ``[B, T, H]`` or None -> ``[B, T, H, V]``. chunk_size: a power of two, raised to 16 (the smallest ``tl.dot``
+    tile); the result does not depend on it. Keys wider than 128 are split: ``o`` is a sum over key blocks.
+    Inputs are assumed checked (``mamba2_attention`` does)."""
+    if not q.is_cuda and not interpreted():
+        raise RuntimeError(
+            "the Triton kernels got CPU tensors but triton is not in interpreter mode: set TRITON_INTERPRET=1 in the "
+            "environment before triton is first imported (os.environ['TRITON_INTERPRET'] = '1')"
+        )
     chunk_size = max(chunk_size, 16)
     K = q.shape[-1]
     parts = [
-        Mamba2Chunked.apply(q[..., s : s + MAX_BLOCK], k[..., s : s + MAX_BLOCK], v, log_decay, chunk_size)
+        Mamba2Chunked.apply(q[..., s : s + MAX_BLOCK], k[..., s : s + MAX_BLOCK], v, log_decay, chunk_size)[0]
         for s in range(0, K, MAX_BLOCK)
     ]
     return parts[0] if len(parts) == 1 else sum(parts)

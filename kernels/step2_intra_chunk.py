@@ -76,6 +76,6 @@ def intra_chunk(q, k, v, level_scales, log_decay=None, chunk_size: int = 64) -> 
         q, k, v, level_scales, gc, o, T, N, H, K, V, L,
         q.stride(0), q.stride(1), 0 if Hq == 1 else q.stride(2), v.stride(0), v.stride(1), v.stride(2),
         level_scales.stride(0), level_scales.stride(1), level_scales.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        C=chunk_size, C_LOG=C_LOG, BK=head_block(K), BV=head_block(V), BL=block(C_LOG + 1), IP=dot_precision(q.dtype),
+        C=chunk_size, C_LOG=C_LOG, BK=head_block(K, q.dtype), BV=head_block(V, q.dtype), BL=block(C_LOG + 1), IP=dot_precision(q.dtype),
     )
     return o

@@ -352,7 +352,7 @@ def build_tree(k, v, gc, gend, chunk_size: int, config: LaunchConfig = LaunchCon
     B, T, Hk, K = k.shape
     H, V = v.shape[2], v.shape[3]
     N = -(-T // chunk_size)
-    BK, BV, M = head_block(K), head_block(V), config.tree_levels()
+    BK, BV, M = head_block(K, k.dtype), head_block(V, k.dtype), config.tree_levels()
     NB = -(-N // (1 << M))
     nodes = torch.empty(B, H, N, BK, BV, device=k.device, dtype=state_dtype(k.dtype, config.precision))
     residual = nodes.dtype in (torch.float16, torch.bfloat16) and (residuals or not config.tree_registers)
@@ -402,7 +402,7 @@ def loglinear_forward(q, k, v, level_scales, gc, gend, chunk_size: int = 64,
         q, k, v, level_scales, gc, gend, tree.nodes, o, T, N, H, K, V, L, num_chunk_levels(T, chunk_size),
         q.stride(0), q.stride(1), 0 if Hk == 1 else q.stride(2), v.stride(0), v.stride(1), v.stride(2),
         level_scales.stride(0), level_scales.stride(1), level_scales.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=head_block(K), BV=head_block(V),
+        C=chunk_size, C_LOG=chunk_size.bit_length() - 1, BK=head_block(K, q.dtype), BV=head_block(V, q.dtype),
         HG=HG, SHARED=Hk == 1, IP=dot_precision(q.dtype, config.precision), num_warps=config.num_warps,
     )
     return o, tree

@@ -604,7 +604,7 @@ def loglinear_backward(q, k, v, level_scales, gc, gend, tree, do, chunk_size: in
     B, T, Hk, K = q.shape
     H, V, L = v.shape[2], v.shape[3], level_scales.shape[3]
     N = -(-T // chunk_size)
-    BK, BV, M = head_block(K), head_block(V), config.block_levels
+    BK, BV, M = head_block(K, q.dtype), head_block(V, q.dtype), config.block_levels
     n_levels = num_chunk_levels(T, chunk_size)
     NB = -(-N // (1 << M))
     acc = accumulator_dtype(q.dtype)

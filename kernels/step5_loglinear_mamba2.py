@@ -4,7 +4,7 @@
 columns (``K, V <= 128``); :func:`loglinear_mamba2` takes any shapes:
 
 - any ``T``: the kernels mask the tokens past ``T`` (no copy is padded);
-- any ``K, V``: padded to tiles of 64..128 on a GPU (16..128 under the interpreter: ``head_block``);
+- any ``K, V``: padded to tiles of 16..128 (64..128 for 16-bit inputs on a GPU: ``head_block``);
   wider heads are cut into blocks of 128 columns — the operator is linear in ``v`` and, for fixed
   masks, bilinear in ``(q, k)``, so ``o = Σ_key blocks o(q_b, k_b)`` and the value blocks are independent;
 - q, k per head or shared by all heads (``H = 1``, Mamba-2's single group);

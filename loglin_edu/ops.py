@@ -13,8 +13,8 @@ Every operator computes ``O = (A ⊙ M) V`` of one model of the book (PAPER.md �
 Forms (:data:`REFERENCE_FORMS`): ``"naive"`` (dense ``T × T``), ``"recurrent"`` (token by token) and
 ``"chunkwise"`` (chunks: O(T·C) or, log-linear, O(T log T)), all in PyTorch, plus ``"triton"``: the
 Triton kernels of :mod:`loglin_edu.kernels`, for log-linear attention (log-linear Mamba-2 without
-``beta``, log-linear Gated DeltaNet with it). Whether triton can be imported is asked when a call needs
-it, never at import.
+``beta``, log-linear Gated DeltaNet with it) and for Mamba-2 (and linear attention, its decay-free case).
+Whether triton can be imported is asked when a call needs it, never at import.
 
 With ``return_state=True`` (:func:`loglinear_attention`, :func:`mix`) a call also returns the decoding
 state after its ``T`` tokens — a prefill: the :class:`~loglin_edu.state.FenwickState` of a log-linear
@@ -86,14 +86,14 @@ def kernels_available() -> bool:
 
 
 def kernel_computes(level_scales: bool, beta: bool) -> bool:
-    """Whether the Triton form computes this variant: log-linear attention, with or without the delta rule
-    (the linear models have no kernel of their own here)."""
-    return level_scales
+    """Whether the Triton form computes this variant: log-linear attention, with or without the delta rule, and
+    Mamba-2 or linear attention (step 1's kernel); linear Gated DeltaNet has no kernel of its own here."""
+    return level_scales or not beta
 
 
 def forms(loglinear: bool = False, beta: bool = False) -> tuple[str, ...]:
-    """The forms an operator offers in this installation: :data:`REFERENCE_FORMS`, and ``"triton"`` for
-    log-linear attention where triton can be imported."""
+    """The forms an operator offers in this installation: :data:`REFERENCE_FORMS`, and ``"triton"`` where a
+    kernel computes the variant (:func:`kernel_computes`) and triton can be imported."""
     kernel = kernel_computes(loglinear, beta) and kernels_available()
     return REFERENCE_FORMS + ((KERNEL_FORM,) if kernel else ())
 
@@ -104,21 +104,22 @@ def kernel_by_default(loglinear: bool, beta: bool) -> bool:
     The delta-rule kernels are taken on request only (``form="triton"``, ``backend="triton"``): on an H200
     their forward and backward take about five times as long as the decay-only kernels at identical shapes,
     for about five times the counted work (chapter 9), and no measurement here says at which shapes they beat
-    the chunkwise form.
+    the chunkwise form. So is Mamba-2's kernel (step 1, one walk over the chunks per head): fast where a batch
+    has many short sequences, as in training on recall tasks, latency-bound at long ``T`` with few heads.
     """
-    return kernel_computes(loglinear, beta) and not beta
+    return loglinear and not beta
 
 
-def layer_backend(requested: str, loglinear: bool) -> str:
+def layer_backend(requested: str, kernel: bool) -> str:
     """The backend a layer gets when ``requested`` is asked of every layer of a model or an experiment.
 
-    ``"triton"`` means the Triton kernels wherever a layer has them: the log-linear layers (``loglinear``), the
-    delta rule's included, which ``"auto"`` does not take; the other layers get ``"auto"``. ``"auto"`` and
-    ``"torch"`` pass through.
+    ``"triton"`` means the Triton kernels wherever a layer has them (``kernel``: :func:`kernel_computes` of its
+    variant): the log-linear layers, the delta rule's included, and Mamba-2, which ``"auto"`` does not take; the
+    other layers get ``"auto"``. ``"auto"`` and ``"torch"`` pass through.
     """
     if requested not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {requested!r}")
-    return "auto" if requested == KERNEL_FORM and not loglinear else requested
+    return "auto" if requested == KERNEL_FORM and not kernel else requested
 
 
 def default_form(x: torch.Tensor, loglinear: bool, beta: bool) -> str:
@@ -143,7 +144,7 @@ def resolve_backend(backend: str, x: torch.Tensor, loglinear: bool, beta: bool) 
     if backend == "auto":
         return "triton" if usable and x.is_cuda and kernel_by_default(loglinear, beta) else "torch"
     if not usable:
-        why = ("the Triton kernels compute log-linear attention only (a linear layer has none)"
+        why = ("the Triton kernels compute log-linear attention and Mamba-2 (linear Gated DeltaNet has none)"
                if not kernel_computes(loglinear, beta) else "triton is not installed")
         raise ValueError(f"backend='triton' is not available for this layer: {why}; use backend='torch' or 'auto'")
     return "triton"
@@ -174,7 +175,13 @@ def mix(
             return mix(*up, form=form, chunk_size=chunk_size, return_state=return_state)
     if form == KERNEL_FORM:
         if not kernel_computes(level_scales is not None, beta is not None):
-            raise ValueError("form='triton' computes log-linear attention: level_scales are needed")
+            raise ValueError("form='triton' computes log-linear attention and Mamba-2: with beta, level_scales "
+                             "are needed")
+        if level_scales is None:
+            from .kernels.step1_mamba2_chunked import mamba2_triton
+
+            out = mamba2_triton(q, k, v, log_decay, chunk_size=chunk_size)
+            return (out, kernel_prefill_state(k, v, log_decay, beta, loglinear=False)) if return_state else out
         if beta is None:
             from .kernels.step5_loglinear_mamba2 import loglinear_mamba2
 
@@ -196,13 +203,16 @@ def mix(
 
 
 def kernel_prefill_state(k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor | None,
-                         beta: torch.Tensor | None = None) -> FenwickState:
+                         beta: torch.Tensor | None = None, loglinear: bool = True) -> FenwickState | torch.Tensor:
     """The decoding state after a Triton-form call, from its definition in float32: k ``[B, T, Hk, K]``,
-    v ``[B, T, H, V]``, log_decay, beta ``[B, T, H]`` or None (one product per level)."""
+    v ``[B, T, H, V]``, log_decay, beta ``[B, T, H]`` or None. Log-linear: the
+    :class:`~loglin_edu.state.FenwickState` (one product per level); linear (``loglinear=False``): the
+    ``[B, H, K, V]`` state."""
     H = v.shape[2]
     g = None if log_decay is None else log_decay.float().transpose(1, 2)
     b = None if beta is None else beta.float().transpose(1, 2)
-    return prefix_state(heads_first(k.float(), H), heads_first(v.float(), H), g, b)
+    state = prefix_state if loglinear else linear_prefix_state
+    return state(heads_first(k.float(), H), heads_first(v.float(), H), g, b)
 
 
 def _checked(q, k, v, level_scales, log_decay, beta, form, chunk_size):
@@ -218,7 +228,7 @@ def _checked(q, k, v, level_scales, log_decay, beta, form, chunk_size):
     if form is None:
         form = default_form(q, loglinear, delta)
     if form == KERNEL_FORM and KERNEL_FORM not in forms(loglinear, delta):
-        why = "it computes log-linear attention only" if not kernel_computes(loglinear, delta) \
+        why = "linear Gated DeltaNet has no kernel" if not kernel_computes(loglinear, delta) \
             else "triton is not installed"
         raise ValueError(f"form='triton' is not available here ({why}); use one of {REFERENCE_FORMS}")
     check_form(form, forms(loglinear, delta))
@@ -270,7 +280,7 @@ def mamba2_attention(
     """Mamba-2 (scalar decay): ``o_t = Σ_{s<=t} (q_t·k_s) exp(G_t - G_s) v_s`` (:mod:`loglin_edu.linear`).
 
     q, k: ``[B, T, H, K]`` (or ``H = 1``); v: ``[B, T, H, V]``; log_decay: ``[B, T, H]`` (``g <= 0``) or
-    None (linear attention). Returns ``[B, T, H, V]``.
+    None (linear attention). form: one of :func:`forms` (``"triton"``: step 1's kernel). Returns ``[B, T, H, V]``.
     """
     form = _checked(q, k, v, None, log_decay, None, form, chunk_size)
     return mix(q, k, v, log_decay, form=form, chunk_size=chunk_size)

@@ -513,15 +513,68 @@ def test_unit_level_scales_give_the_step1_mamba2_kernel():
     assert_close(out.double(), mamba2_triton(q, k, v, g, chunk_size=16).double(), rtol=2e-6, what="λ ≡ 1")
 
 
-def test_triton_form_is_for_log_linear_attention_only():
-    """The registry offers "triton" for log-linear attention, with or without the delta rule, and not for the
-    linear models (which have no kernel of their own)."""
+def test_fp32_calls_keep_narrow_tiles_and_multiply_as_torch_matmul_does():
+    """Head tiles of fp32 and fp64 calls are as narrow as 16 wherever the kernels run; fp32 products are exact, or
+    tf32 while ``torch.backends.cuda.matmul.allow_tf32`` is set; fp64 products are always exact."""
+    from loglin_edu.kernels.config import dot_precision, head_block
+
+    assert [head_block(n, torch.float32) for n in (16, 24, 200)] == [16, 32, 256] and head_block(8, torch.float64) == 16
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert dot_precision(torch.float32) == "ieee" and dot_precision(torch.float64) == "ieee"
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert dot_precision(torch.float32) == "tf32" and dot_precision(torch.float64) == "ieee"
+        assert dot_precision(torch.bfloat16, "exact") == "tf32x3"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_triton_form_is_for_the_models_with_a_kernel():
+    """The registry offers "triton" for log-linear attention, with or without the delta rule, and for Mamba-2 (step
+    1's kernel), not for linear Gated DeltaNet, which has no kernel of its own."""
     q, k, v, lam, g = (x.float() for x in inputs(1, 8, 2, 2, 4, 4))
+    beta = torch.rand_like(g)
     assert "triton" in le.ops.forms(loglinear=True) and "triton" in le.ops.forms(loglinear=True, beta=True)
-    assert "triton" not in le.ops.forms(loglinear=False)
-    with pytest.raises(ValueError, match=r"form='triton'.*log-linear attention only.*'naive', 'recurrent', 'chunkwise'"):
-        le.mamba2_attention(q, k, v, g, form="triton")
+    assert "triton" in le.ops.forms(loglinear=False) and "triton" not in le.ops.forms(loglinear=False, beta=True)
+    with pytest.raises(ValueError, match=r"form='triton'.*no kernel.*'naive', 'recurrent', 'chunkwise'"):
+        le.gated_deltanet_attention(q, k, v, g, beta, form="triton")
     assert le.loglinear_attention(q, k, v, lam, g).shape == v.shape  # form=None: chunkwise on the CPU
+
+
+@pytest.mark.parametrize("decay", [True, False])
+def test_mamba2_triton_form_equals_the_chunkwise_form(decay):
+    """``mamba2_attention(form="triton")`` (step 1's kernel through the registry): output, gradients and the prefill
+    state of the chunkwise form, with q, k shared by the heads and T not a multiple of the chunk."""
+    q, k, v, _, g = (x.double() for x in inputs(2, 45, 3, 1, 8, 4, seed=11))
+    g = g if decay else None
+    args = [x.requires_grad_() for x in (q, k, v, g) if x is not None]
+    fill = lambda *a: a if decay else (*a, None)  # noqa: E731
+
+    def run(form):
+        out = le.mamba2_attention(*fill(*args), form=form, chunk_size=16)
+        return [out, *torch.autograd.grad(out, args, torch.cos(out))]
+
+    for ours, ref in zip(run("triton"), run("chunkwise"), strict=True):
+        assert_close(ours, ref, rtol=1e-10, what="fp64")
+    _, state = le.ops.mix(*fill(*args), form="triton", chunk_size=16, return_state=True)
+    _, ref_state = le.ops.mix(*fill(*args), form="chunkwise", chunk_size=16, return_state=True)
+    assert_close(state.double(), ref_state, rtol=1e-6, what="prefill state (fp32)")
+
+
+def test_mamba2_triton_form_runs_inside_vmap():
+    """Its vmap rule folds the mapped dimension into the batch: the ensemble's members in one launch, the same
+    outputs and gradients as one call per member."""
+    q, k, v, _, g = (x.double() for x in inputs(3, 40, 2, 1, 8, 8, seed=12))  # 3 members of batch 1
+    stacked = [x[:, None].requires_grad_() for x in (q, k, v, g)]
+    mapped = torch.func.vmap(lambda *a: le.ops.mix(*a, form="triton", chunk_size=16))(*stacked)
+    grads = torch.autograd.grad(mapped, stacked, torch.sin(mapped))
+    for m in range(3):
+        one = [x[m].detach().requires_grad_() for x in stacked]
+        out = le.ops.mix(*one, form="triton", chunk_size=16)
+        assert_close(mapped[m], out, rtol=1e-10, what=f"member {m}")
+        for a, b in zip(grads, torch.autograd.grad(out, one, torch.sin(out)), strict=True):
+            assert_close(a[m], b, rtol=1e-10, what=f"member {m} gradient")
 
 
 # --- guard bands -----------------------------------------------------------------------------------

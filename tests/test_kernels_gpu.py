@@ -19,6 +19,8 @@ CASES = [  # (B, T, H, Hk, K, V), dtype, LaunchConfig.precision (None: the defau
     ((3, 333, 3, 1, 40, 24), torch.bfloat16, None),
     ((3, 333, 3, 1, 40, 24), torch.float16, None),
     ((3, 333, 3, 1, 16, 16), torch.bfloat16, None),
+    ((3, 333, 3, 1, 16, 16), torch.float32, None),
+    ((60, 256, 8, 1, 16, 16), torch.float32, None),
     ((3, 333, 3, 3, 32, 32), torch.bfloat16, None),
     ((1, 4096, 8, 1, 128, 64), torch.bfloat16, None),
     ((1, 65536, 2, 1, 128, 64), torch.float32, None),
@@ -65,6 +67,50 @@ def test_ladder_kernels_in_16_bit(K, V, dtype):
         out = fn(*(x.cuda().to(dtype) for x in (q, k, v, lam, g)))
         error = ((out.double() - ref).norm() / ref.norm()).item()
         assert error <= BOUND[dtype], f"{name} {dtype} K={K} V={V}: relative error {error:.1e} against its fp32 run"
+
+
+@pytest.mark.parametrize("K, V", [(16, 16), (40, 24), (32, 64)])
+@pytest.mark.parametrize("tf32", [False, True])
+def test_fp32_kernels_on_narrow_tiles(K, V, tf32):
+    """fp32 calls keep head tiles as narrow as 16 on the GPU (16-bit calls take 64): steps 1 (Mamba-2) and 5
+    (log-linear Mamba-2), output and every gradient against float64, exact products (bound 1e-5) or, while
+    ``allow_tf32`` is set, tf32 products (bound 5e-3: tf32 keeps 10 bits of the mantissa)."""
+    from loglin_edu.fenwick import num_levels
+    from loglin_edu.kernels.config import head_block
+    from loglin_edu.kernels.step1_mamba2_chunked import mamba2_triton
+    from loglin_edu.kernels.step5_loglinear_mamba2 import loglinear_mamba2
+    from loglin_edu.ops import mix
+
+    assert head_block(16, torch.float32) == 16 and head_block(16, torch.bfloat16) == 64
+    B, T, H = 12, 256, 4
+    gen = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(B, T, 1, K, generator=gen) * K**-0.5 for _ in range(2))
+    v = torch.randn(B, T, H, V, generator=gen)
+    lam = 0.5 + torch.rand(B, T, H, num_levels(T), generator=gen)
+    g = -0.2 * torch.rand(B, T, H, generator=gen)
+    args = [x.cuda() for x in (q, k, v, lam, g)]
+    do = torch.randn(B, T, H, V, generator=gen).cuda()
+    cases = {"mamba2": (lambda q, k, v, lam, g: mamba2_triton(q, k, v, g), lambda q, k, v, lam, g: mix(q, k, v, g)),
+             "loglinear_mamba2": (lambda q, k, v, lam, g: loglinear_mamba2(q, k, v, lam, g),
+                                  lambda q, k, v, lam, g: mix(q, k, v, g, None, lam))}
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for name, (kernel, form) in cases.items():
+            torch.backends.cuda.matmul.allow_tf32 = False
+            exact = [x.double().requires_grad_() for x in args]
+            ref = form(*exact)
+            ref_grads = torch.autograd.grad(ref, exact, do.double(), allow_unused=True)
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            ours = [x.clone().requires_grad_() for x in args]
+            out = kernel(*ours)
+            grads = torch.autograd.grad(out, ours, do, allow_unused=True)
+            for what, a, b in [("o", out, ref), *zip(("dq", "dk", "dv", "dλ", "dg"), grads, ref_grads)]:
+                if name == "mamba2" and what == "dλ":
+                    continue
+                error = ((a.double() - b).norm() / b.norm()).item()
+                assert error <= (5e-3 if tf32 else 1e-5), f"{name} K={K} V={V} tf32={tf32} {what}: {error:.1e}"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def test_default_form_on_cuda_is_triton():

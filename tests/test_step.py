@@ -16,14 +16,14 @@ MEMBERS = [Member(0, 3e-3), Member(1, 1e-2), Member(2, 10**-1.5)]
 STEPS = TrainConfig(steps=8, batch_size=8, warmup_steps=2, eval_every=4)
 
 
-def config(name):
+def config(name, backend="torch"):
     options = dict(backend="torch", form="naive", conv_size=3, rope=False) if name == "transformer" else \
-        dict(backend="torch", chunk_size=4)
+        dict(backend=backend, chunk_size=4)
     return ModelConfig(name, vocab_size=32, d_model=16, max_len=16, mixer_options=options)
 
 
-def trained(name, tmp_path, label, device="cpu", **modes):
-    record = train(config(name), MEMBERS, TRAIN, TEST, replace(STEPS, **modes), out_dir=tmp_path / label,
+def trained(name, tmp_path, label, device="cpu", backend="torch", **modes):
+    record = train(config(name, backend), MEMBERS, TRAIN, TEST, replace(STEPS, **modes), out_dir=tmp_path / label,
                    progress=False, device=device)
     weights = torch.load(tmp_path / label / "checkpoint.pt", weights_only=False, map_location="cpu")["models"]
     return record, weights
@@ -119,6 +119,33 @@ def test_a_captured_tf32_step_equals_the_eager_tf32_step(tmp_path):
     eager = trained("loglinear_mamba2", tmp_path, "eager", device="cuda", tf32=True)
     captured = trained("loglinear_mamba2", tmp_path, "captured", device="cuda", graphs=True, tf32=True)
     assert captured[0]["capture_error"] is None and not torch.backends.cuda.matmul.allow_tf32
+    assert_same_training(eager, captured, rtol=1e-4, weights_rtol=1e-2, norm=True)
+
+
+KERNEL_MODELS = ["mamba2", "loglinear_mamba2"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", KERNEL_MODELS)
+def test_the_kernel_step_trains_as_the_pytorch_step(tmp_path, name):
+    """backend="triton" (the Triton kernels inside the vmapped ensemble, exact fp32 products) trains as the PyTorch
+    forms do, to the tolerance of two eager GPU runs (see the test above)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    forms = trained(name, tmp_path, "torch", device="cuda")
+    kernels = trained(name, tmp_path, "triton", device="cuda", backend="triton")
+    assert_same_training(forms, kernels, rtol=1e-4, weights_rtol=1e-2, norm=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", KERNEL_MODELS)
+def test_a_captured_tf32_kernel_step_equals_the_eager_one(tmp_path, name):
+    """The fastest step of chapter 11's benchmark — the kernels, TF32 products, compiled and captured — trains as
+    the same step run eagerly."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    eager = trained(name, tmp_path, "eager", device="cuda", backend="triton", tf32=True)
+    captured = trained(name, tmp_path, "captured", device="cuda", backend="triton", tf32=True, graphs=True,
+                       compile=True)
+    assert captured[0]["capture_error"] is None and captured[0]["step_mode"] == "compiled+graphs"
     assert_same_training(eager, captured, rtol=1e-4, weights_rtol=1e-2, norm=True)
 
 

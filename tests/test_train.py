@@ -180,19 +180,22 @@ def test_tier_backend_reaches_the_layers():
     tier = replace(experiment.TIERS["cpu"], backend="auto")
     assert tier_from_dict(tier_to_dict(tier)) == tier
     assert experiment.model_config(tier, "loglinear_mamba2", 32).mixer_options["backend"] == "auto"
-    kernels = replace(tier, backend="triton")  # the Triton kernels of both log-linear models, "auto" elsewhere
+    kernels = replace(tier, backend="triton")  # the Triton kernels wherever a layer has one, "auto" elsewhere
     backends = {m: experiment.model_config(kernels, m, 32).mixer_options["backend"] for m in experiment.MODELS}
-    assert backends == dict(transformer="torch", mamba2="auto", loglinear_mamba2="triton", gated_deltanet="auto",
+    assert backends == dict(transformer="torch", mamba2="triton", loglinear_mamba2="triton", gated_deltanet="auto",
                             loglinear_gated_deltanet="triton"), backends
     assert experiment.model_config(kernels, "loglinear_gated_deltanet_tied", 32).mixer_options["backend"] == "triton"
     with pytest.raises(ValueError, match="backend must be"):
         experiment.mixer_options("mamba2", 32, 8, "cuda")
 
 
-def test_layer_backend_gives_the_kernels_to_log_linear_layers_only():
-    from loglin_edu.ops import layer_backend
+def test_layer_backend_gives_the_kernels_to_layers_that_have_one():
+    from loglin_edu.ops import kernel_computes, layer_backend
 
-    assert [layer_backend("triton", loglinear) for loglinear in (True, False)] == ["triton", "auto"]
+    assert [layer_backend("triton", kernel) for kernel in (True, False)] == ["triton", "auto"]
+    # Mamba-2 and both log-linear models have kernels; linear Gated DeltaNet has none
+    assert [kernel_computes(loglinear, beta) for loglinear, beta in ((False, False), (True, False), (True, True),
+                                                                     (False, True))] == [True, True, True, False]
     assert [layer_backend(b, False) for b in ("auto", "torch")] == ["auto", "torch"]
     with pytest.raises(ValueError, match="backend must be one of"):
         layer_backend("cuda", True)
