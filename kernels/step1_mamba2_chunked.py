@@ -184,50 +184,77 @@ def mamba2_backward(q, k, v, gc, do, chunk_size: int = 64, num_warps: int = 4):
     return dq.to(q.dtype), dk.to(k.dtype), dv, (qdq - kdk).sum(0) if NV > 1 else qdq[0] - kdk[0]
 
 
-class Mamba2Chunked(torch.autograd.Function):
-    """Autograd for step 1: ``o = Mamba2Chunked.apply(q, k, v, log_decay, chunk_size)``; ``log_decay`` may be
-    None (no decay). Under :func:`torch.func.vmap` (the training ensemble) the mapped dimension is folded into
-    the batch — every sequence is independent — so the kernels run once for all members."""
+@torch.library.custom_op("loglin_edu::mamba2_chunked", mutates_args=())
+def mamba2_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor | None,
+                   chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 1's forward as one PyTorch operator: ``(o, gc)``, ``gc`` the decay sums its backward reads.
 
-    generate_vmap_rule = False
+    An operator rather than an ``autograd.Function``: ``torch.compile`` keeps it as one node of the step's graph
+    (a Function with a vmap rule would break the graph in two, and everything around it would run uncompiled);
+    its gradient (:func:`mamba2_chunked_backward`) and its vmap rule are registered below.
+    """
+    q, k = same_strides(q, k)
+    v = last_dim_contiguous(v)
+    B, T, H = v.shape[:3]
+    gc, _ = chunk_decay(log_decay, B, T, H, chunk_size, q.device, q.dtype)
+    return mamba2_forward(q, k, v, gc, chunk_size), gc
 
-    @staticmethod
-    def forward(q, k, v, log_decay, chunk_size):
-        q, k = same_strides(q, k)
-        v = last_dim_contiguous(v)
-        B, T, H = v.shape[:3]
-        gc, _ = chunk_decay(log_decay, B, T, H, chunk_size, q.device, q.dtype)
-        return mamba2_forward(q, k, v, gc, chunk_size), gc
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        q, k, v, log_decay, chunk_size = inputs
-        ctx.mark_non_differentiable(output[1])
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(q, k, v, output[1])
-        ctx.chunk_size, ctx.decay_dtype = chunk_size, getattr(log_decay, "dtype", None)
+@mamba2_chunked.register_fake
+def _(q, k, v, log_decay, chunk_size):
+    B, T, H, V = v.shape
+    o = v.new_empty(B, T, H, V)
+    return o, q.new_empty(B, H, -(-T // chunk_size) * chunk_size, dtype=accumulator_dtype(q.dtype))
 
-    @staticmethod
-    def backward(ctx, do, _):
-        if do is None:
-            return None, None, None, None, None
-        q, k, v, gc = ctx.saved_tensors
-        q, k = same_strides(q, k)
-        v = last_dim_contiguous(v)
-        dq, dk, dv, d_cum = mamba2_backward(q, k, v, gc, last_dim_contiguous(do), ctx.chunk_size)
-        dg = None
-        if ctx.decay_dtype is not None:
-            T = q.shape[1]
-            dg = reverse_cumsum(d_cum, -1)[:, :, :T].transpose(1, 2).to(ctx.decay_dtype)
-        return dq, dk, dv, dg, None
 
-    @staticmethod
-    def vmap(info, in_dims, q, k, v, log_decay, chunk_size):
-        """``[M, B, ...]`` -> ``[M·B, ...]``, one call, and back (unmapped inputs are expanded)."""
+@torch.library.custom_op("loglin_edu::mamba2_chunked_backward", mutates_args=())
+def mamba2_chunked_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gc: torch.Tensor, do: torch.Tensor,
+                            chunk_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Step 1's backward as one operator: ``(dq, dk, dv, dG)`` (:func:`mamba2_backward`)."""
+    q, k = same_strides(q, k)
+    dq, dk, dv, d_cum = mamba2_backward(q, k, last_dim_contiguous(v), gc, last_dim_contiguous(do), chunk_size)
+    return dq.contiguous(), dk.contiguous(), dv, d_cum
+
+
+@mamba2_chunked_backward.register_fake
+def _(q, k, v, gc, do, chunk_size):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), torch.empty_like(gc)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, log_decay, chunk_size = inputs
+    ctx.save_for_backward(q, k, v, output[1])
+    ctx.chunk_size, ctx.decay_dtype = chunk_size, getattr(log_decay, "dtype", None)
+
+
+def _backward(ctx, do, _):
+    q, k, v, gc = ctx.saved_tensors
+    dq, dk, dv, d_cum = mamba2_chunked_backward(q, k, v, gc, do, ctx.chunk_size)
+    dg = None
+    if ctx.decay_dtype is not None:
+        dg = reverse_cumsum(d_cum, -1)[:, :, : q.shape[1]].transpose(1, 2).to(ctx.decay_dtype)
+    return dq, dk, dv, dg, None
+
+
+mamba2_chunked.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _folded(op, tensors: int):
+    """A vmap rule for ``op``: its first ``tensors`` arguments ``[M, B, ...]`` -> ``[M·B, ...]`` (unmapped ones
+    expanded), one call, every output ``[M·B, ...]`` -> ``[M, B, ...]``. Every sequence is independent, so the
+    kernels run once for all members of a training ensemble."""
+
+    def rule(info, in_dims, *args):
         M = info.batch_size
-        args = [fold_into_batch(x, d, M) for x, d in zip((q, k, v, log_decay), in_dims[:4])]
-        o, gc = Mamba2Chunked.apply(*args, chunk_size)
-        return (o.unflatten(0, (M, -1)), gc.unflatten(0, (M, -1))), (0, 0)
+        folded = [fold_into_batch(x, d, M) for x, d in zip(args[:tensors], in_dims[:tensors])]
+        outputs = op(*folded, *args[tensors:])
+        return tuple(x.unflatten(0, (M, -1)) for x in outputs), (0,) * len(outputs)
+
+    return rule
+
+
+torch.library.register_vmap(mamba2_chunked, _folded(mamba2_chunked, 4))
+torch.library.register_vmap(mamba2_chunked_backward, _folded(mamba2_chunked_backward, 5))
 
 
 def mamba2_triton(q, k, v, log_decay=None, chunk_size: int = 64) -> torch.Tensor:
@@ -243,7 +270,7 @@ def mamba2_triton(q, k, v, log_decay=None, chunk_size: int = 64) -> torch.Tensor
     chunk_size = max(chunk_size, 16)
     K = q.shape[-1]
     parts = [
-        Mamba2Chunked.apply(q[..., s : s + MAX_BLOCK], k[..., s : s + MAX_BLOCK], v, log_decay, chunk_size)[0]
+        mamba2_chunked(q[..., s : s + MAX_BLOCK], k[..., s : s + MAX_BLOCK], v, log_decay, chunk_size)[0]
         for s in range(0, K, MAX_BLOCK)
     ]
     return parts[0] if len(parts) == 1 else sum(parts)
