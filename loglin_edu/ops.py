@@ -79,9 +79,11 @@ SOFTMAX_FORMS: dict[str, Form] = {  # (q, k, v, scale, chunk_size), heads-first
 }
 
 
+@torch.compiler.assume_constant_result
 @cache
 def kernels_available() -> bool:
-    """Whether triton can be imported here, i.e. whether ``form="triton"`` exists (asked once, lazily)."""
+    """Whether triton can be imported here, i.e. whether ``form="triton"`` exists (asked once, lazily; a constant
+    to ``torch.compile``, which would otherwise break a compiled step's graph at the import machinery)."""
     return find_spec("triton") is not None
 
 
