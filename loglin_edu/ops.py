@@ -14,7 +14,7 @@ Forms (:data:`REFERENCE_FORMS`): ``"naive"`` (dense ``T × T``), ``"recurrent"``
 ``"chunkwise"`` (chunks: O(T·C) or, log-linear, O(T log T)), all in PyTorch, plus ``"triton"``: the
 Triton kernels of :mod:`loglin_edu.kernels`, for log-linear attention (log-linear Mamba-2 without
 ``beta``, log-linear Gated DeltaNet with it) and for Mamba-2 (and linear attention, its decay-free case).
-Whether triton can be imported is asked when a call needs it, never at import.
+Triton is imported only when a call needs it, never at import (where it is only looked up).
 
 With ``return_state=True`` (:func:`loglinear_attention`, :func:`mix`) a call also returns the decoding
 state after its ``T`` tokens — a prefill: the :class:`~loglin_edu.state.FenwickState` of a log-linear
@@ -29,7 +29,6 @@ finiteness) and would make a GPU wait, and cannot run inside :func:`torch.func.v
 from __future__ import annotations
 
 import math
-from functools import cache
 from importlib.util import find_spec
 from typing import Callable
 
@@ -79,12 +78,14 @@ SOFTMAX_FORMS: dict[str, Form] = {  # (q, k, v, scale, chunk_size), heads-first
 }
 
 
-@torch.compiler.assume_constant_result
-@cache
+TRITON_FOUND = find_spec("triton") is not None
+"""Whether triton can be imported here: looked up (not imported) once, when this module is, so that no compiled
+graph breaks at the import machinery (``torch.compile`` does not trace ``find_spec``)."""
+
+
 def kernels_available() -> bool:
-    """Whether triton can be imported here, i.e. whether ``form="triton"`` exists (asked once, lazily; a constant
-    to ``torch.compile``, which would otherwise break a compiled step's graph at the import machinery)."""
-    return find_spec("triton") is not None
+    """Whether triton can be imported here, i.e. whether ``form="triton"`` exists (:data:`TRITON_FOUND`)."""
+    return TRITON_FOUND
 
 
 def kernel_computes(level_scales: bool, beta: bool) -> bool:
