@@ -67,15 +67,16 @@ def write_recorded_errors(recorded: list, reference: str, bounds: dict) -> None:
                           "bounds": {str(k).replace("torch.", ""): v for k, v in bounds.items()}, "cases": recorded})
 
 
-def apply_calls(function, run) -> int:
-    """How many times ``run()`` calls ``function.apply`` (a ``torch.autograd.Function``)."""
+def apply_calls(function, run, attribute="apply") -> int:
+    """How many times ``run()`` calls ``function.apply`` (a ``torch.autograd.Function``), or another callable
+    ``attribute`` of ``function`` (a module's operator, say)."""
     calls = []
-    original = function.apply
-    function.apply = lambda *a: calls.append(1) or original(*a)
+    original = getattr(function, attribute)
+    setattr(function, attribute, lambda *a: calls.append(1) or original(*a))
     try:
         run()
     finally:
-        function.apply = original
+        setattr(function, attribute, original)
     return len(calls)
 
 

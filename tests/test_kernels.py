@@ -176,7 +176,8 @@ def test_fused_gradients_with_16_bit_nodes_are_the_default_ones(precision, in_ke
     monkeypatch.setattr(backward, "state_dtype", sixteen)
     args = [x.half() for x in inputs(1, 100, 4, 1, 16, 16, seed=8)]
     config = LaunchConfig(block_levels=1, precision=precision, grad_head_group=2, grad_sums_in_kernels=in_kernels)
-    assert kernels.LogLinearMamba2.apply(*args, 16, config, True)[4].numel() > 0, "no residuals to read"
+    assert kernels.loglinear_mamba2_forward(*args, 16, kernels.config_name(config), True)[4].numel() > 0, \
+        "no residuals to read"
     runs = [grads_of(lambda *a: kernels.loglinear_mamba2(*a, chunk_size=16, config=c), args)
             for c in (config, replace(config, fused_grads=True))]
     (ref, ref_grads), (out, grads) = runs
@@ -354,13 +355,13 @@ def test_calls_without_grad_skip_the_residuals_only_the_backward_reads(monkeypat
     monkeypatch.setattr(chunk_tree, "state_dtype", lambda dtype, precision="fast": torch.float16)
     q, k, v, lam, g = (x.half() for x in inputs(1, 100, 2, 1, 8, 8, seed=6))
     passed = []
-    apply = kernels.LogLinearMamba2.apply
-    monkeypatch.setattr(kernels.LogLinearMamba2, "apply", lambda *a: passed.append(a[-1]) or apply(*a))
+    apply = kernels.loglinear_mamba2_forward
+    monkeypatch.setattr(kernels, "loglinear_mamba2_forward", lambda *a: passed.append(a[-1]) or apply(*a))
     for config, kept in ((LaunchConfig(block_levels=2, tree_registers=True), False), (LaunchConfig(block_levels=2), True)):
         with torch.no_grad():
             out = kernels.loglinear_mamba2(q, k, v, lam, g, chunk_size=16, config=config)
         assert passed[-1] is False
-        outputs = apply(q, k, v, lam, g, 16, config, False)
+        outputs = apply(q, k, v, lam, g, 16, kernels.config_name(config), False)
         assert (outputs[4].numel() > 0) == kept
         with_grad = kernels.loglinear_mamba2(q, k, v, lam, g, chunk_size=16, config=config)
         assert passed[-1] is True
@@ -560,6 +561,18 @@ def test_mamba2_triton_form_equals_the_chunkwise_form(decay):
     _, state = le.ops.mix(*fill(*args), form="triton", chunk_size=16, return_state=True)
     _, ref_state = le.ops.mix(*fill(*args), form="chunkwise", chunk_size=16, return_state=True)
     assert_close(state.double(), ref_state, rtol=1e-6, what="prefill state (fp32)")
+
+
+def test_kernel_operators_pass_torch_opcheck():
+    """Steps 1 and 5 are PyTorch custom operators (so that ``torch.compile`` keeps them in one graph): their
+    schemas, shapes without data (what a compiled graph is traced with), registered gradients and vmap rules pass
+    ``torch.library.opcheck``."""
+    from loglin_edu.kernels import step1_mamba2_chunked as step1
+
+    q, k, v, lam, g = (x.float().requires_grad_() for x in inputs(2, 40, 2, 1, 8, 8, seed=13))
+    torch.library.opcheck(step1.mamba2_chunked, (q, k, v, g, 16))
+    torch.library.opcheck(step1.mamba2_chunked, (q, k, v, None, 16))
+    torch.library.opcheck(kernels.loglinear_mamba2_forward, (q, k, v, lam, g, 16, kernels.CONFIG_NAME, True))
 
 
 def test_mamba2_triton_form_runs_inside_vmap():

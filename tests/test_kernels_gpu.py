@@ -118,7 +118,7 @@ def test_default_form_on_cuda_is_triton():
     from loglin_edu.kernels import step5_loglinear_mamba2 as kernel
 
     x = torch.randn(1, 100, 2, 16, device="cuda")
-    calls = apply_calls(kernel.LogLinearMamba2, lambda: le.loglinear_attention(
+    calls = apply_calls(kernel, attribute="loglinear_mamba2_forward", run=lambda: le.loglinear_attention(
         x, x, x, torch.rand(1, 100, 2, 8, device="cuda"), -torch.rand(1, 100, 2, device="cuda")))
     assert calls, "form=None on CUDA tensors did not take the Triton path"
 
