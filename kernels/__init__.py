@@ -8,7 +8,8 @@ chapters do), e.g. ``os.environ["TRITON_INTERPRET"] = "1"``. This package never 
 The ladder, one file per step, each checked against the step before and against the package's forms:
 
 1. :mod:`~loglin_edu.kernels.step1_mamba2_chunked` — chunked Mamba-2 (linear attention with scalar decay):
-   one program walks the chunks of one head, its ``K × V`` state in registers. Forward and backward.
+   one program walks the chunks of one head, its ``K × V`` state in registers. Forward and backward, one
+   PyTorch custom operator (``mamba2_attention(..., form="triton")``).
 
    1b. :mod:`~loglin_edu.kernels.step1b_mamba2_parallel` — the same function without the long walk: blocks of
    chunks walked in parallel, their states passed on by a short scan (Mamba-2's state passing); the
@@ -19,8 +20,9 @@ The ladder, one file per step, each checked against the step before and against 
    over chunks, built in ``O(log N)`` depth, and the output kernel that reads one node per level.
 4. :mod:`~loglin_edu.kernels.step4_tree_backward` — the backward through the tree: node gradients, then
    ``dk, dv`` and ``dq, dλ``; ``d log_decay`` from a reverse cumulative sum.
-5. :mod:`~loglin_edu.kernels.step5_loglinear_mamba2` — the ``torch.autograd.Function`` behind
-   ``loglinear_attention(..., form="triton")``, for any shapes and inside ``torch.func.vmap``.
+5. :mod:`~loglin_edu.kernels.step5_loglinear_mamba2` — the PyTorch custom operator behind
+   ``loglinear_attention(..., form="triton")`` (steps 3 and 4 as its forward and gradient), for any shapes, inside
+   ``torch.func.vmap`` and as one node of a ``torch.compile`` graph.
 
 The delta rule (log-linear Gated DeltaNet) climbs the same ladder from step 6, its transition a matrix:
 
