@@ -575,6 +575,21 @@ def test_kernel_operators_pass_torch_opcheck():
     torch.library.opcheck(kernels.loglinear_mamba2_forward, (q, k, v, lam, g, 16, kernels.CONFIG_NAME, True))
 
 
+@pytest.mark.parametrize("name", ["mamba2", "loglinear_mamba2"])
+def test_a_compiled_ensemble_on_the_kernels_is_one_graph(name):
+    """``torch.compile`` traces a vmapped ensemble of layers on their kernels (``backend="triton"``) as one graph: the
+    kernels are operators, not graph breaks, and nothing else the layers call breaks it (a graph break leaves the
+    work around it uncompiled)."""
+    from loglin_edu.layers import ModelConfig, build_model
+    from loglin_edu.train.ensemble import Ensemble
+
+    config = ModelConfig(name, vocab_size=32, d_model=16, max_len=64, mixer_options=dict(backend="triton", chunk_size=16))
+    ensemble = Ensemble([build_model(config) for _ in range(2)])
+    tokens = torch.randint(0, 32, (2, 3, 64), generator=torch.Generator().manual_seed(0))
+    explained = torch._dynamo.explain(lambda t: ensemble(t).square().mean())(tokens)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
 def test_mamba2_triton_form_runs_inside_vmap():
     """Its vmap rule folds the mapped dimension into the batch: the ensemble's members in one launch, the same
     outputs and gradients as one call per member."""
