@@ -146,8 +146,9 @@ def _launch_shape(q, v, chunk_size):
 
 
 def default_warps(BK: int, BV: int, chunk_size: int) -> int:
-    """Warps per program: 2 for 16 × 16 state tiles and chunks of at most 64 (on an H200 the backward of many short
-    sequences of narrow heads takes a fifth less time than with 4; 8 computed wrong gradients there), else 4."""
+    """Warps per program: 2 for 16 × 16 state tiles and chunks of at most 64 (on an H200 the forward and backward of
+    many short sequences of narrow heads take a fifth less time than with 4; 8 computed wrong gradients there),
+    else 4."""
     return 2 if BK * BV <= 256 and chunk_size <= 64 else 4
 
 

@@ -97,11 +97,11 @@ def loglinear_mamba2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                                                                        torch.Tensor, torch.Tensor,
                                                                                        torch.Tensor]:
     """Step 4 as one operator: ``(dq, dk, dv, dλ, dG)``, dG the log decay's gradient in the accumulator type."""
-    shapes = [(x, x.dtype) for x in (q, k, v, level_scales)]
+    dtypes = [x.dtype for x in (q, k, v, level_scales)]
     q, k, v, level_scales = kernel_layout(q, k, v, level_scales)
     grads = loglinear_backward(q, k, v, level_scales, gc, gend, FenwickTree(nodes, residuals), last_dim_contiguous(do),
                                chunk_size, launch_config(config))
-    out = [g.to(dtype).contiguous() for g, (_, dtype) in zip(grads[:4], shapes)]
+    out = [g.to(dtype).contiguous() for g, dtype in zip(grads[:4], dtypes)]
     return (*out, grads[4].to(accumulator_dtype(q.dtype)).contiguous())
 
 
