@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from .chunking import ChunkTerms, chunk_terms, split_chunks
+from .chunking import ChunkTerms, chunk_terms, split_chunks, wy_factors
 from .fenwick import levels_within_chunk, num_chunk_levels, num_levels, trailing_zeros
 from .layout import pad_time
 from .state import FenwickState
@@ -55,19 +55,22 @@ def chunk_scan(
     beta: torch.Tensor | None = None,
     chunk_size: int = 64,
     return_state: bool = False,
+    factors=wy_factors,
 ) -> torch.Tensor | tuple[torch.Tensor, FenwickState]:
     """Log-linear attention by chunk scan (module docstring), heads-first.
 
     q, k: ``[B, H, T, K]``; v: ``[B, H, T, V]``; level_scales: ``[B, H, T, L]``; log_decay, beta:
     ``[B, H, T]`` or None. Returns ``[B, H, T, V]``; with ``return_state=True`` also the decoding state
-    after the ``T`` tokens (a :class:`~loglin_edu.state.FenwickState` of ``[B, H, K, V]`` levels).
+    after the ``T`` tokens (a :class:`~loglin_edu.state.FenwickState` of ``[B, H, K, V]`` levels). factors: how the
+    delta rule's WY factors are computed (:func:`~loglin_edu.chunking.chunk_terms`); the decoding state needs
+    factors that return ``T_β``.
     """
     T = q.shape[2]
     inner = chunk_size.bit_length() - 1  # log2 C
     n_levels = inner + num_chunk_levels(T, chunk_size) + 1
     lam = pad_time(level_scales, max(n_levels, level_scales.shape[-1]), dim=3)  # padded tokens use high levels
     lam = split_chunks(lam, chunk_size)  # [B, H, N, C, L]
-    terms = chunk_terms(q, k, v, log_decay, beta, chunk_size)
+    terms = chunk_terms(q, k, v, log_decay, beta, chunk_size, factors)
     out = (terms.intra * intra_chunk_scales(lam, chunk_size)) @ split_chunks(v, chunk_size)
 
     levels: dict[int, torch.Tensor] = {}  # chunk level m >= 1 -> its state at the current chunk's start
@@ -97,6 +100,9 @@ def state_after_prefix(
     state ``[B, H, K, V]`` carried through the last chunk; v: ``[B, H, T, V]``. Levels ``0..log2 C``
     come from the last chunk's own tokens, level ``log2 C + m`` is chunk level ``m``.
     """
+    if terms.write_keys is None:
+        raise ValueError("the decoding state of a log-linear scan needs the write keys of its last chunk: chunk terms "
+                         "from WY factors without T_β have none (use factors=wy_factors)")
     T = v.shape[2]
     inner = chunk_size.bit_length() - 1
     last_chunk, last_offset = divmod(T - 1, chunk_size)

@@ -41,14 +41,15 @@ class ChunkTerms:
     """Per-chunk pieces of a linear model (module docstring), ``N`` chunks of ``C`` tokens.
 
     intra: ``[B, H, N, C, C]``; query: ``[B, H, N, C, K]``; own: ``[B, H, N, K, V]``; write_keys:
-    ``[B, H, N, C, K]`` (``own = write_keysᵀ V``); decay: ``[B, H, N]`` (scalar transition) or ``None``;
+    ``[B, H, N, C, K]`` (``own = write_keysᵀ V``; None when the WY factors came without ``T_β``); decay:
+    ``[B, H, N]`` (scalar transition) or ``None``;
     transition: ``[B, H, N, K, K]`` or ``None``.
     """
 
     intra: torch.Tensor
     query: torch.Tensor
     own: torch.Tensor
-    write_keys: torch.Tensor
+    write_keys: torch.Tensor | None
     decay: torch.Tensor | None = None
     transition: torch.Tensor | None = None
 
@@ -80,6 +81,26 @@ def within_chunk_decay(g_cum: torch.Tensor) -> torch.Tensor:
     return (g_cum[..., :, None] - g_cum[..., None, :]).masked_fill(~causal, float("-inf")).exp()
 
 
+def wy_factors(
+    qc: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, beta: torch.Tensor, g_cum: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The WY factors of every chunk (module docstring): ``(intra, query, W, U₀, T_β)``.
+
+    qc, kc: ``[B, H, N, C, K]``; vc: ``[B, H, N, C, V]``; beta, g_cum: ``[B, H, N, C]`` (``g_cum = G_i - G_start``).
+    Returns intra, T_β: ``[B, H, N, C, C]``; query, W: ``[B, H, N, C, K]``; U₀: ``[B, H, N, C, V]``.
+    :func:`chunk_terms` takes any function with this signature (the Triton operator of
+    :mod:`loglin_edu.kernels.step10_delta_factors_op` is one, and returns no ``T_β``).
+    """
+    within = within_chunk_decay(g_cum)  # Γ[i, j] = γ_i / γ_j for j <= i, 0 above
+    scores = (qc @ kc.transpose(-1, -2)) * within  # Γ ⊙ Q Kᵀ
+    a_beta = ((beta[..., None] * kc) @ kc.transpose(-1, -2)) * within  # diagonal ignored below
+    eye = torch.eye(qc.shape[-2], dtype=qc.dtype, device=qc.device)
+    t_beta = torch.linalg.solve_triangular(a_beta, eye.expand_as(a_beta), upper=False, unitriangular=True)
+    w = t_beta @ ((beta * g_cum.exp())[..., None] * kc)
+    return ((scores @ t_beta) * beta[..., None, :], qc * g_cum.exp()[..., None] - scores @ w, w,
+            t_beta @ (beta[..., None] * vc), t_beta)
+
+
 def chunk_terms(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -87,39 +108,35 @@ def chunk_terms(
     log_decay: torch.Tensor | None,
     beta: torch.Tensor | None,
     chunk_size: int,
+    factors=wy_factors,
 ) -> ChunkTerms:
     """Chunk representation of a linear model. q, k: ``[B, H, T, K]``; v: ``[B, H, T, V]``;
     log_decay, beta: ``[B, H, T]`` or ``None``. Padded tokens (past T) have k = v = g = β = 0: they
-    neither write nor decay, so the first T outputs are unchanged.
+    neither write nor decay, so the first T outputs are unchanged. factors: how the delta rule's WY factors
+    are computed (:func:`wy_factors`); one that returns no ``T_β`` leaves ``write_keys`` None.
     """
     qc, kc, vc = (split_chunks(x, chunk_size) for x in (q, k, v))
     g = torch.zeros(qc.shape[:4], dtype=q.dtype, device=q.device) if log_decay is None else split_chunks(
         log_decay, chunk_size
     )
     g_cum = g.cumsum(-1)  # G_i - G_start, [B, H, N, C]
-    within = within_chunk_decay(g_cum)  # Γ[i, j] = γ_i / γ_j for j <= i, 0 above
-    scores = (qc @ kc.transpose(-1, -2)) * within  # Γ ⊙ Q Kᵀ
     k_to_end = kc * (g_cum[..., -1:] - g_cum).exp()[..., None]  # K̃
     decay_to_end = g_cum[..., -1].exp()  # γ_C, [B, H, N]
     if beta is None:
         return ChunkTerms(
-            intra=scores,
+            intra=(qc @ kc.transpose(-1, -2)) * within_chunk_decay(g_cum),
             query=qc * g_cum.exp()[..., None],
             own=k_to_end.transpose(-1, -2) @ vc,
             write_keys=k_to_end,
             decay=None if log_decay is None else decay_to_end,
         )
     b = split_chunks(beta, chunk_size)
-    a_beta = ((b[..., None] * kc) @ kc.transpose(-1, -2)) * within  # diagonal ignored below
-    eye = torch.eye(chunk_size, dtype=q.dtype, device=q.device)
-    t_beta = torch.linalg.solve_triangular(a_beta, eye.expand_as(a_beta), upper=False, unitriangular=True)
-    write_keys = b[..., None] * (t_beta.transpose(-1, -2) @ k_to_end)  # E = diag(β) T_βᵀ K̃
-    w = t_beta @ ((b * g_cum.exp())[..., None] * kc)
+    intra, query, w, u0, t_beta = factors(qc, kc, vc, b, g_cum)
     key_eye = torch.eye(kc.shape[-1], dtype=q.dtype, device=q.device)
     return ChunkTerms(
-        intra=(scores @ t_beta) * b[..., None, :],
-        query=qc * g_cum.exp()[..., None] - scores @ w,
-        own=write_keys.transpose(-1, -2) @ vc,
-        write_keys=write_keys,
+        intra=intra,
+        query=query,
+        own=k_to_end.transpose(-1, -2) @ u0,  # = Eᵀ V
+        write_keys=None if t_beta is None else b[..., None] * (t_beta.transpose(-1, -2) @ k_to_end),  # E
         transition=decay_to_end[..., None, None] * key_eye - k_to_end.transpose(-1, -2) @ w,
     )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .chunking import chunk_terms, split_chunks
+from .chunking import chunk_terms, split_chunks, wy_factors
 from .masks import segment_sum
 from .recurrence import read, transition, write
 
@@ -65,15 +65,16 @@ def chunkwise_linear(
     beta: torch.Tensor | None = None,
     chunk_size: int = 64,
     return_state: bool = False,
+    factors=wy_factors,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Chunkwise form: ``o = intra V + S_cᵀ query`` per chunk, ``S_{c+1} = Φ_c S_c + own_c``.
 
     Shapes as :func:`recurrent_linear` (the state after the last, zero-padded chunk is the state after
     token ``T - 1``: padded tokens neither write nor decay). Cost O(T·C·(K+V) + T·K·V) (plus O(T·K²) with
-    the delta rule).
+    the delta rule). factors: how the delta rule's WY factors are computed (:func:`~loglin_edu.chunking.chunk_terms`).
     """
     T = q.shape[2]
-    terms = chunk_terms(q, k, v, log_decay, beta, chunk_size)
+    terms = chunk_terms(q, k, v, log_decay, beta, chunk_size, factors)
     out = terms.intra @ split_chunks(v, chunk_size)  # [B, H, N, C, V]
     state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
     from_state = []

@@ -13,13 +13,15 @@ Every operator computes ``O = (A ⊙ M) V`` of one model of the book (PAPER.md �
 Forms (:data:`REFERENCE_FORMS`): ``"naive"`` (dense ``T × T``), ``"recurrent"`` (token by token) and
 ``"chunkwise"`` (chunks: O(T·C) or, log-linear, O(T log T)), all in PyTorch, plus ``"triton"``: the
 Triton kernels of :mod:`loglin_edu.kernels`, for log-linear attention (log-linear Mamba-2 without
-``beta``, log-linear Gated DeltaNet with it) and for Mamba-2 (and linear attention, its decay-free case).
+``beta``, log-linear Gated DeltaNet with it) and for Mamba-2 (and linear attention, its decay-free case);
+for Gated DeltaNet the chunkwise form with each chunk's WY factors by a Triton operator (:func:`delta_rule_triton`).
 Triton is imported only when a call needs it, never at import (where it is only looked up).
 
 With ``return_state=True`` (:func:`loglinear_attention`, :func:`mix`) a call also returns the decoding
 state after its ``T`` tokens — a prefill: the :class:`~loglin_edu.state.FenwickState` of a log-linear
-model, the ``[B, H, K, V]`` state of a linear one. Every form returns the same state; the Triton form
-builds it in PyTorch from its definition (:func:`~loglin_edu.state.prefix_state`, float32, ``O(T·K·V)``).
+model, the ``[B, H, K, V]`` state of a linear one. Every form returns the same state; the Triton kernels'
+forms build it in PyTorch from its definition (:func:`~loglin_edu.state.prefix_state`, float32, ``O(T·K·V)``),
+Gated DeltaNet's carries it across its chunks as the chunkwise form does.
 
 The public operators take ``[B, T, H, D]`` tensors and check them (errors name the argument). Layers call
 :func:`mix` instead: the same dispatch without the checks, which read values (``log_decay <= 0``,
@@ -88,17 +90,10 @@ def kernels_available() -> bool:
     return TRITON_FOUND
 
 
-def kernel_computes(level_scales: bool, beta: bool) -> bool:
-    """Whether the Triton form computes this variant: log-linear attention, with or without the delta rule, and
-    Mamba-2 or linear attention (step 1's kernel); linear Gated DeltaNet has no kernel of its own here."""
-    return level_scales or not beta
-
-
 def forms(loglinear: bool = False, beta: bool = False) -> tuple[str, ...]:
-    """The forms an operator offers in this installation: :data:`REFERENCE_FORMS`, and ``"triton"`` where a
-    kernel computes the variant (:func:`kernel_computes`) and triton can be imported."""
-    kernel = kernel_computes(loglinear, beta) and kernels_available()
-    return REFERENCE_FORMS + ((KERNEL_FORM,) if kernel else ())
+    """The forms an operator offers in this installation: :data:`REFERENCE_FORMS`, and ``"triton"`` where triton
+    can be imported (every variant has one)."""
+    return REFERENCE_FORMS + ((KERNEL_FORM,) if kernels_available() else ())
 
 
 def kernel_by_default(loglinear: bool, beta: bool) -> bool:
@@ -116,9 +111,9 @@ def kernel_by_default(loglinear: bool, beta: bool) -> bool:
 def layer_backend(requested: str, kernel: bool) -> str:
     """The backend a layer gets when ``requested`` is asked of every layer of a model or an experiment.
 
-    ``"triton"`` means the Triton kernels wherever a layer has them (``kernel``: :func:`kernel_computes` of its
-    variant): the log-linear layers, the delta rule's included, and Mamba-2, which ``"auto"`` does not take; the
-    other layers get ``"auto"``. ``"auto"`` and ``"torch"`` pass through.
+    ``"triton"`` means the Triton kernels wherever a layer has them (``kernel``: the recurrent mixers do, softmax
+    attention does not): Mamba-2, Gated DeltaNet and their log-linear versions, of which ``"auto"`` takes only
+    log-linear Mamba-2's; the other layers get ``"auto"``. ``"auto"`` and ``"torch"`` pass through.
     """
     if requested not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {requested!r}")
@@ -147,9 +142,7 @@ def resolve_backend(backend: str, x: torch.Tensor, loglinear: bool, beta: bool) 
     if backend == "auto":
         return "triton" if usable and x.is_cuda and kernel_by_default(loglinear, beta) else "torch"
     if not usable:
-        why = ("the Triton kernels compute log-linear attention and Mamba-2 (linear Gated DeltaNet has none)"
-               if not kernel_computes(loglinear, beta) else "triton is not installed")
-        raise ValueError(f"backend='triton' is not available for this layer: {why}; use backend='torch' or 'auto'")
+        raise ValueError("backend='triton' is not available: triton is not installed; use backend='torch' or 'auto'")
     return "triton"
 
 
@@ -176,10 +169,7 @@ def mix(
         with torch.autocast(q.device.type, enabled=False):
             up = [None if x is None else x.float() for x in (q, k, v, log_decay, beta, level_scales)]
             return mix(*up, form=form, chunk_size=chunk_size, return_state=return_state)
-    if form == KERNEL_FORM:
-        if not kernel_computes(level_scales is not None, beta is not None):
-            raise ValueError("form='triton' computes log-linear attention and Mamba-2: with beta, level_scales "
-                             "are needed")
+    if form == KERNEL_FORM and (level_scales is not None or beta is None):
         if level_scales is None:
             from .kernels.step1_mamba2_chunked import mamba2_triton
 
@@ -199,10 +189,22 @@ def mix(
     g = None if log_decay is None else log_decay.transpose(1, 2)
     b = None if beta is None else beta.transpose(1, 2)
     if level_scales is None:
-        result = LINEAR_FORMS[form](q, k, v, g, b, chunk_size, return_state)
+        linear = delta_rule_triton if form == KERNEL_FORM else LINEAR_FORMS[form]
+        result = linear(q, k, v, g, b, chunk_size, return_state)
     else:
         result = LOGLINEAR_FORMS[form](q, k, v, level_scales.transpose(1, 2), g, b, chunk_size, return_state)
     return (time_first(result[0]), result[1]) if return_state else time_first(result)
+
+
+def delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor | None,
+                      beta: torch.Tensor, chunk_size: int, return_state: bool):
+    """Gated DeltaNet's Triton form, heads-first (shapes as :func:`~loglin_edu.linear.chunkwise_linear`): the
+    chunkwise form with every chunk's WY factors computed, forward and backward, by one Triton operator
+    (:mod:`loglin_edu.kernels.step10_delta_factors_op`), the states carried across chunks by PyTorch. chunk_size
+    is raised to 16 (the smallest ``tl.dot`` tile) if smaller; the result does not depend on it."""
+    from .kernels.step10_delta_factors_op import wy_factors_triton
+
+    return chunkwise_linear(q, k, v, log_decay, beta, max(chunk_size, 16), return_state, wy_factors_triton)
 
 
 def kernel_prefill_state(k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor | None,
@@ -231,9 +233,7 @@ def _checked(q, k, v, level_scales, log_decay, beta, form, chunk_size):
     if form is None:
         form = default_form(q, loglinear, delta)
     if form == KERNEL_FORM and KERNEL_FORM not in forms(loglinear, delta):
-        why = "linear Gated DeltaNet has no kernel" if not kernel_computes(loglinear, delta) \
-            else "triton is not installed"
-        raise ValueError(f"form='triton' is not available here ({why}); use one of {REFERENCE_FORMS}")
+        raise ValueError(f"form='triton' is not available here (triton is not installed); use one of {REFERENCE_FORMS}")
     check_form(form, forms(loglinear, delta))
     check_chunk_size(chunk_size)
     return form

@@ -124,3 +124,38 @@ def test_the_wy_solve_of_16_bit_inputs_is_far_finer_than_their_rounding(dtype):
     expected = torch.linalg.inv(eye + torch.tril(bc[..., :, None] * decay * (kc @ kc.mT), -1)) - eye
     error = torch.linalg.vector_norm(out.t_beta.double() - eye - expected) / torch.linalg.vector_norm(expected)
     assert error < 1e-3, f"T_β relative error below the diagonal {error:.2e}"
+
+
+@pytest.mark.parametrize("shape", [(4, 1000, 2, 32, 64), (3, 333, 3, 40, 24), (1, 2048, 2, 128, 128)],
+                         ids=["mqar-widths", "odd-widths", "wide-heads"])
+def test_gated_deltanet_triton_form_against_float64(shape):
+    """Gated DeltaNet's Triton form (the chunkwise form with step 10's WY factors) on fp32 inputs against the
+    float64 chunkwise form: products in tf32x3 within 1e-5 on o and every gradient, in TF32 (PyTorch's
+    ``allow_tf32``) within 5e-3, the bound of the PyTorch forms' own TF32 products."""
+    import loglin_edu as le
+
+    B, T, H, K, V = shape
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    args = [torch.randn(B, T, H, K, device="cuda", generator=gen),
+            torch.nn.functional.normalize(torch.randn(B, T, H, K, device="cuda", generator=gen), dim=-1),
+            torch.randn(B, T, H, V, device="cuda", generator=gen),
+            -0.3 * torch.rand(B, T, H, device="cuda", generator=gen), torch.rand(B, T, H, device="cuda", generator=gen)]
+    weights = torch.randn(B, T, H, V, device="cuda", generator=gen)
+
+    def run(dtype, form):
+        xs = [a.to(dtype).requires_grad_() for a in args]
+        out = le.gated_deltanet_attention(*xs, form=form)
+        return [out.detach(), *torch.autograd.grad((out * weights.to(dtype)).sum(), xs)]
+
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        reference = run(torch.float64, "chunkwise")
+        for tf32, bound in ((False, 1e-5), (True, 5e-3)):
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            for name, x, ref in zip(("o", "dq", "dk", "dv", "dlog_decay", "dbeta"), run(torch.float32, "triton"),
+                                    reference):
+                error = (torch.linalg.vector_norm(x.double() - ref) / torch.linalg.vector_norm(ref)).item()
+                assert error < bound, f"tf32={tf32} {name}: relative error {error:.2e}"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before

@@ -190,12 +190,14 @@ def test_tier_backend_reaches_the_layers():
 
 
 def test_layer_backend_gives_the_kernels_to_layers_that_have_one():
-    from loglin_edu.ops import kernel_computes, layer_backend
+    from loglin_edu.experiments.mqar.settings import mixer_options
+    from loglin_edu.ops import layer_backend
 
     assert [layer_backend("triton", kernel) for kernel in (True, False)] == ["triton", "auto"]
-    # Mamba-2 and both log-linear models have kernels; linear Gated DeltaNet has none
-    assert [kernel_computes(loglinear, beta) for loglinear, beta in ((False, False), (True, False), (True, True),
-                                                                     (False, True))] == [True, True, True, False]
+    # every recurrent mixer has kernels; the Transformer runs its dense PyTorch form
+    assert [mixer_options(model, 16, 16, "triton")["backend"] for model in
+            ("mamba2", "loglinear_mamba2", "gated_deltanet", "loglinear_gated_deltanet", "transformer")] == \
+        ["triton"] * 4 + ["torch"]
     assert [layer_backend(b, False) for b in ("auto", "torch")] == ["auto", "torch"]
     with pytest.raises(ValueError, match="backend must be one of"):
         layer_backend("cuda", True)

@@ -54,7 +54,7 @@ import torch
 from ..data.lm_data import TextData, TextSpec, prepare_text
 from ..data.token_stream import evaluation_starts
 from ..layers.model import LOGLINEAR_MIXERS, MIXERS, ModelConfig, build_model, count_parameters
-from ..ops import kernel_computes, layer_backend
+from ..ops import layer_backend
 from ..provenance import provenance, write_json
 from ..train import distributed
 from ..train.lm import LMTrainConfig, measure_throughput, train_lm
@@ -95,7 +95,7 @@ class LMTier:
 
     d_state, head_dim: Mamba-2's state width and head width; gdn_heads: Gated DeltaNet's heads; chunk_size:
     of the chunkwise forms; backend: ``"auto"`` (the fused or Triton kernels on CUDA where a layer takes them by
-    default), ``"triton"`` (also Mamba-2's and log-linear Gated DeltaNet's kernels; :func:`~loglin_edu.ops.layer_backend`) or
+    default), ``"triton"`` (the Triton kernels of every recurrent mixer; :func:`~loglin_edu.ops.layer_backend`) or
     ``"torch"``; eval_reserve_s: seconds ``--max-minutes`` keeps for the measurements after training.
     """
 
@@ -141,14 +141,14 @@ def mixer_settings(model: str, tier: LMTier) -> tuple[dict[str, Any], int]:
                     form="chunkwise", chunk_size=tier.chunk_size), 4
     if model in ("mamba2", "loglinear_mamba2"):
         return dict(d_state=tier.d_state, head_dim=tier.head_dim, expand=2,
-                    backend=layer_backend(tier.backend, kernel_computes(model in LOGLINEAR_MIXERS, beta=False)),
+                    backend=layer_backend(tier.backend, kernel=True),
                     chunk_size=tier.chunk_size), 3
     if model in ("gated_deltanet", "loglinear_gated_deltanet"):
         key_width = 3 * d // 4
         if key_width % tier.gdn_heads:
             raise ValueError(f"¾·d_model={key_width} must split into gdn_heads={tier.gdn_heads} heads")
         return dict(num_heads=tier.gdn_heads, key_dim=key_width // tier.gdn_heads, expand_v=2,
-                    backend=layer_backend(tier.backend, kernel_computes(model in LOGLINEAR_MIXERS, beta=True)),
+                    backend=layer_backend(tier.backend, kernel=True),
                     chunk_size=tier.chunk_size), 3
     raise ValueError(f"model must be one of {MODELS}, got {model!r}")
 

@@ -11,7 +11,7 @@ import torch
 
 from ...data import RecallSet, drop_repeats, lagged_recall, mqar
 from ...layers.model import LOGLINEAR_MIXERS, MIXERS, ModelConfig, make_mixer
-from ...ops import BACKENDS, kernel_computes, layer_backend
+from ...ops import BACKENDS, layer_backend
 from ...train import TrainConfig, save_atomic
 
 MODELS = tuple(MIXERS)  # transformer, mamba2, loglinear_mamba2, gated_deltanet, loglinear_gated_deltanet
@@ -133,9 +133,8 @@ def mixer_options(model: str, width: int, chunk_size: int, backend: str = "torch
     Gated DeltaNet (both): 2 heads, key width ``width / 2``, value width ``width``.
     ``<log-linear model>_tied``: the same layer with one λ per token for every level (``tie_levels=True``).
     backend of the recurrent mixers (:func:`~loglin_edu.ops.layer_backend`): ``"torch"`` (the PyTorch forms),
-    ``"auto"`` (on CUDA the Triton kernel of log-linear Mamba-2) or ``"triton"`` (the Triton kernels of both
-    Mamba-2 models and of log-linear Gated DeltaNet; Gated DeltaNet has none); the Transformer runs its dense
-    PyTorch form either way.
+    ``"auto"`` (on CUDA the Triton kernel of log-linear Mamba-2) or ``"triton"`` (the Triton kernels of all four);
+    the Transformer runs its dense PyTorch form either way.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -146,10 +145,9 @@ def mixer_options(model: str, width: int, chunk_size: int, backend: str = "torch
     if model == "transformer":
         return dict(num_heads=1, conv_size=attention_conv, rope=attention_rope, backend="torch", form="naive")
     if model in ("mamba2", "loglinear_mamba2"):
-        kernel = kernel_computes(model in LOGLINEAR_MIXERS, beta=False)
-        return dict(d_state=16, head_dim=16, expand=2, backend=layer_backend(backend, kernel), chunk_size=chunk_size)
-    kernel = kernel_computes(model in LOGLINEAR_MIXERS, beta=True)
-    return dict(num_heads=2, expand_v=2, backend=layer_backend(backend, kernel), chunk_size=chunk_size)
+        return dict(d_state=16, head_dim=16, expand=2, backend=layer_backend(backend, kernel=True),
+                    chunk_size=chunk_size)
+    return dict(num_heads=2, expand_v=2, backend=layer_backend(backend, kernel=True), chunk_size=chunk_size)
 
 
 def transformer_layout(tier: Tier) -> dict[str, Any]:

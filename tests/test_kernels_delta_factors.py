@@ -1,0 +1,137 @@
+"""Step 10, the WY factors of the delta rule as one operator, on the CPU under Triton's interpreter.
+
+Against :func:`loglin_edu.chunking.wy_factors` in float64 (the factors and every gradient), then Gated DeltaNet's
+``form="triton"`` against its chunkwise form, inside vmap, ``torch.library.opcheck`` and one compiled graph.
+"""
+
+import pytest
+import torch
+
+import loglin_edu as le
+from kernel_helpers import DEVICE, grads_of
+from operators import assert_close
+
+step10 = pytest.importorskip("loglin_edu.kernels.step10_delta_factors_op")
+
+from loglin_edu.kernels import interpreted  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+if DEVICE == "cpu" and not interpreted():
+    pytest.skip("TRITON_INTERPRET=1 must be set before triton is imported", allow_module_level=True)
+
+
+def inputs(B, T, H, Hk, K, V, seed=0, dtype=torch.float64, decay=True):
+    """q, unit k ``[B, T, Hk, K]``, v ``[B, T, H, V]``, log decay in (-0.5, 0] (or None), β in (0, 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = [0.5 * torch.randn(B, T, Hk, K, generator=gen),
+         torch.nn.functional.normalize(torch.randn(B, T, Hk, K, generator=gen), dim=-1),
+         torch.randn(B, T, H, V, generator=gen), -0.5 * torch.rand(B, T, H, generator=gen) if decay else None,
+         torch.rand(B, T, H, generator=gen)]
+    return [None if a is None else a.to(DEVICE, dtype) for a in x]
+
+
+def chunked(q, k, v, log_decay, beta, C):
+    """The factors' inputs, heads-first and cut into chunks: qc, kc, vc ``[B, H, N, C, D]``, β, g_cum ``[B, H, N, C]``."""
+    from loglin_edu.chunking import split_chunks
+
+    qc, kc, vc = (split_chunks(x.transpose(1, 2), C) for x in (q, k, v))
+    return qc, kc, vc, split_chunks(beta.transpose(1, 2), C), split_chunks(log_decay.transpose(1, 2), C).cumsum(-1)
+
+
+@pytest.mark.parametrize("B, T, H, K, V, C", [(2, 40, 2, 20, 24, 16), (1, 70, 3, 16, 80, 32), (1, 5, 1, 3, 2, 16)],
+                         ids=["T40-off-the-grid", "two-value-tiles", "T5-below-a-chunk"])
+def test_factors_and_their_gradients_match_float64(B, T, H, K, V, C):
+    q, k, v, g, beta = inputs(B, T, H, H, K, V)
+
+    def factors(wy):
+        return lambda *x: torch.cat([f.flatten() for f in wy(*chunked(*x, C))[:4]])
+
+    out, grads = grads_of(factors(step10.wy_factors_triton), (q, k, v, g, beta))
+    ref, ref_grads = grads_of(factors(le.chunking.wy_factors), (q, k, v, g, beta))
+    assert_close(out, ref, what="intra, query, W, U₀")
+    for name, a, b in zip(("dq", "dk", "dv", "dlog_decay", "dbeta"), grads, ref_grads):
+        assert_close(a, b, what=name)
+
+
+@pytest.mark.parametrize("B, T, H, Hk, decay, C", [(2, 50, 2, 2, True, 16), (1, 37, 3, 1, True, 8), (2, 20, 2, 2, False, 32)],
+                         ids=["per-head", "shared-qk-chunk-8", "no-decay"])
+def test_gated_deltanet_triton_form_is_the_chunkwise_form(B, T, H, Hk, decay, C):
+    """Output, every gradient and the state after the last token (``return_state``), in float64 and float32."""
+    args = inputs(B, T, H, Hk, 12, 10, seed=3, decay=decay)
+    for dtype, rtol in ((torch.float64, 1e-10), (torch.float32, 1e-5)):
+        low = [None if a is None else a.to(dtype) for a in args]
+        out, grads = grads_of(lambda *x: le.gated_deltanet_attention(*x, form="triton", chunk_size=C), low)
+        ref, ref_grads = grads_of(lambda *x: le.gated_deltanet_attention(*x, form="chunkwise", chunk_size=C), low)
+        assert out.dtype == dtype
+        assert_close(out, ref, rtol=rtol, what=f"{dtype}: o")
+        for a, b in zip(grads, ref_grads):
+            assert_close(a, b, rtol=rtol, what=f"{dtype}: a gradient")
+    _, state = le.ops.mix(*args, form="triton", chunk_size=C, return_state=True)
+    _, ref_state = le.ops.mix(*args, form="chunkwise", chunk_size=C, return_state=True)
+    assert_close(state, ref_state, what="state after T tokens")
+
+
+def test_the_operator_runs_inside_vmap():
+    """Its vmap rule folds the mapped dimension into the batch: the same outputs and gradients as one call per member."""
+    q, k, v, g, beta = inputs(3, 40, 2, 2, 8, 8, seed=12)  # 3 members of batch 1
+    stacked = [x[:, None].requires_grad_() for x in (q, k, v, g, beta)]
+    mapped = torch.func.vmap(lambda *a: le.ops.mix(*a, form="triton", chunk_size=16))(*stacked)
+    grads = torch.autograd.grad(mapped, stacked, torch.sin(mapped))
+    for m in range(3):
+        single = [x[m].detach().requires_grad_() for x in stacked]
+        out = le.ops.mix(*single, form="triton", chunk_size=16)
+        assert_close(mapped[m], out, what=f"member {m}: o")
+        for a, b in zip(grads, torch.autograd.grad(out, single, torch.sin(out))):
+            assert_close(a[m], b, what=f"member {m}: a gradient")
+
+
+def test_the_operator_passes_torch_opcheck():
+    """Schema, shapes without data, the registered gradient and the vmap rule (``torch.library.opcheck``)."""
+    q, k, v, g, beta = (x.float() for x in inputs(2, 40, 2, 2, 8, 8, seed=13))
+    qc, kc, vc, b, g_cum = (x.requires_grad_() for x in chunked(q, k, v, g, beta, 16))
+    flat = [x.flatten(2, 3) for x in (qc, kc, vc)]
+    torch.library.opcheck(step10.delta_factors, (*flat, b, g_cum, step10.factor_precision(torch.float32)))
+
+
+def test_a_compiled_ensemble_of_gated_deltanets_on_the_kernels_is_one_graph():
+    from loglin_edu.layers import ModelConfig, build_model
+    from loglin_edu.train.ensemble import Ensemble
+
+    config = ModelConfig("gated_deltanet", vocab_size=32, d_model=16, max_len=64,
+                         mixer_options=dict(backend="triton", chunk_size=16))
+    ensemble = Ensemble([build_model(config) for _ in range(2)])
+    tokens = torch.randint(0, 32, (2, 3, 64), generator=torch.Generator().manual_seed(0))
+    explained = torch._dynamo.explain(lambda t: ensemble(t).square().mean())(tokens)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+def test_chunk_sizes_and_widths_the_kernels_do_not_take_are_refused():
+    qc = torch.zeros(1, 1, 2, 24, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match="chunk sizes that are powers of two >= 16"):
+        step10.wy_factors_triton(qc, qc, qc, qc[..., 0], qc[..., 0])
+
+
+def test_the_decoding_state_of_a_log_linear_scan_needs_the_write_keys():
+    """Factors without ``T_β`` give chunk terms without write keys: the log-linear prefill says so rather than guess."""
+    q, k, v, g, beta = (x.transpose(1, 2) for x in inputs(1, 20, 1, 1, 4, 4))
+    lam = torch.ones(1, 1, 20, le.num_levels(20), dtype=torch.float64)
+    with pytest.raises(ValueError, match="write keys"):
+        le.chunk_scan.chunk_scan(q, k, v, lam, g, beta, 16, return_state=True, factors=step10.wy_factors_triton)
+
+
+def test_the_gated_deltanet_layer_on_its_kernel_is_the_layer_on_pytorch():
+    from loglin_edu.layers import GatedDeltaNet
+
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(32, num_heads=2, backend="torch", chunk_size=16).double()
+    x = torch.randn(2, 40, 32, dtype=torch.float64)
+    results = {}
+    for backend in ("torch", "triton"):
+        layer.backend = backend
+        layer.zero_grad()
+        out = layer(x)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        results[backend] = (out.detach(), {n: p.grad.clone() for n, p in layer.named_parameters()})
+    assert_close(results["triton"][0], results["torch"][0], what="output")
+    for name, grad in results["torch"][1].items():
+        assert_close(results["triton"][1][name], grad, what=name)
