@@ -118,18 +118,18 @@ def factors_bwd_kernel(
     t_beta = tl.load(tb_ptr + square)
     q = load_tile(q_ptr, sqt, t, T, rk, K).to(gc.dtype)
     k = load_tile(k_ptr, sqt, t, T, rk, K).to(gc.dtype)
-    decay = decay_matrix(gc, C)  # Γ, zero above the diagonal
     gamma = tl.exp(gc)
-    qk = tl.dot(q, tl.trans(k), input_precision=IP)
-    kk = tl.dot(k, tl.trans(k), input_precision=IP)
-    scores = decay * qk  # S
     write = beta * gamma
-    w = dot_split(t_beta, k * write[:, None], IP)
-    # query = diag(γ) Q - S W
+    keys_in = k * write[:, None]  # diag(βγ) K
+    # query = diag(γ) Q - S W  (the C × C blocks are formed as late and dropped as early as the formulas allow:
+    # fewer of them alive at once spill fewer registers)
     dquery = load_tile(dquery_ptr + bh * NC * K, K, t, NC, rk, K)
     dq = dquery * gamma[:, None]
     d_gamma = tl.sum(dquery * q, 1)
-    d_scores = -dot_split(dquery, tl.trans(w), IP)
+    d_scores = -dot_split(dquery, tl.trans(dot_split(t_beta, keys_in, IP)), IP)
+    decay = decay_matrix(gc, C)  # Γ, zero above the diagonal
+    qk = tl.dot(q, tl.trans(k), input_precision=IP)
+    scores = decay * qk  # S
     dw = load_tile(dw_ptr + bh * NC * K, K, t, NC, rk, K) - dot_split(tl.trans(scores), dquery, IP)
     # P = S T diag(β)
     dp = tl.load(dp_ptr + square)
@@ -138,7 +138,7 @@ def factors_bwd_kernel(
     d_scores += dot_split(dp, tl.trans(t_beta), IP)
     d_t = dot_split(tl.trans(scores), dp, IP)
     # W = T diag(βγ) K
-    d_t += dot_split(dw, tl.trans(k * write[:, None]), IP)
+    d_t += dot_split(dw, tl.trans(keys_in), IP)
     dx = dot_split(tl.trans(t_beta), dw, IP)
     dk = dx * write[:, None]
     dx_k = tl.sum(dx * k, 1)
@@ -156,13 +156,16 @@ def factors_bwd_kernel(
     # T = (I + A)⁻¹: dA = -Tᵀ dT Tᵀ, strictly below the diagonal
     strict = rc[:, None] > rc[None, :]
     d_a = tl.where(strict, -dot_split(dot_split(tl.trans(t_beta), d_t, IP), tl.trans(t_beta), IP), 0.0)
-    # A = strict(diag(β) Γ ⊙ K Kᵀ), S = Γ ⊙ Q Kᵀ
+    # S = Γ ⊙ Q Kᵀ, then A = strict(diag(β) Γ ⊙ K Kᵀ)
+    d_qk = d_scores * decay
+    d_decay = d_scores * qk  # the gradient of Γ (times Γ below)
+    dq += dot_split(d_qk, k, IP)
+    dk += dot_split(tl.trans(d_qk), q, IP)
+    kk = tl.dot(k, tl.trans(k), input_precision=IP)
     d_beta += tl.sum(d_a * decay * kk, 1)
     d_kk = d_a * decay * beta[:, None]
-    d_qk = d_scores * decay
-    d_decay = (d_a * beta[:, None] * kk + d_scores * qk) * decay  # the gradient of Γ, times Γ
-    dq += dot_split(d_qk, k, IP)
-    dk += dot_split(tl.trans(d_qk), q, IP) + dot_split(d_kk + tl.trans(d_kk), k, IP)
+    d_decay = (d_decay + d_a * beta[:, None] * kk) * decay
+    dk += dot_split(d_kk + tl.trans(d_kk), k, IP)
     d_gc = tl.sum(d_decay, 1) - tl.sum(d_decay, 0) + d_gamma * gamma
     store_tile(dq_ptr + bh * T * K, K, t, T, rk, K, dq)
     store_tile(dk_ptr + bh * T * K, K, t, T, rk, K, dk)
@@ -181,7 +184,7 @@ def delta_factors_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, be
     q, k = same_strides(q, k)
     v = last_dim_contiguous(v)
     dq, dk, dv = q.new_empty(B, H, T, K), q.new_empty(B, H, T, K), q.new_empty(B, H, T, V)
-    d_beta, d_gc = torch.empty_like(beta), torch.empty_like(gc)
+    d_beta, d_gc = beta.new_empty(beta.shape), gc.new_empty(gc.shape)  # contiguous, as the kernel writes them
     _, _, BV, NV = tiles(K, V)
     factors_bwd_kernel[(N, H, B)](
         q, k, v, beta.contiguous(), gc.contiguous(), t_beta.contiguous(), d_intra.contiguous(), d_query.contiguous(),

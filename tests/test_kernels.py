@@ -531,15 +531,11 @@ def test_fp32_calls_keep_narrow_tiles_and_multiply_as_torch_matmul_does():
         torch.backends.cuda.matmul.allow_tf32 = before
 
 
-def test_triton_form_is_for_the_models_with_a_kernel():
-    """The registry offers "triton" for log-linear attention, with or without the delta rule, and for Mamba-2 (step
-    1's kernel), not for linear Gated DeltaNet, which has no kernel of its own."""
+def test_triton_form_is_offered_for_every_model():
+    """The registry offers "triton" for every linear model and its log-linear version; on the CPU a call without a
+    form takes the chunkwise one."""
     q, k, v, lam, g = (x.float() for x in inputs(1, 8, 2, 2, 4, 4))
-    beta = torch.rand_like(g)
-    assert "triton" in le.ops.forms(loglinear=True) and "triton" in le.ops.forms(loglinear=True, beta=True)
-    assert "triton" in le.ops.forms(loglinear=False) and "triton" not in le.ops.forms(loglinear=False, beta=True)
-    with pytest.raises(ValueError, match=r"form='triton'.*no kernel.*'naive', 'recurrent', 'chunkwise'"):
-        le.gated_deltanet_attention(q, k, v, g, beta, form="triton")
+    assert all("triton" in le.ops.forms(loglinear, beta) for loglinear in (False, True) for beta in (False, True))
     assert le.loglinear_attention(q, k, v, lam, g).shape == v.shape  # form=None: chunkwise on the CPU
 
 

@@ -38,8 +38,9 @@ def chunked(q, k, v, log_decay, beta, C):
     return qc, kc, vc, split_chunks(beta.transpose(1, 2), C), split_chunks(log_decay.transpose(1, 2), C).cumsum(-1)
 
 
-@pytest.mark.parametrize("B, T, H, K, V, C", [(2, 40, 2, 20, 24, 16), (1, 70, 3, 16, 80, 32), (1, 5, 1, 3, 2, 16)],
-                         ids=["T40-off-the-grid", "two-value-tiles", "T5-below-a-chunk"])
+@pytest.mark.parametrize("B, T, H, K, V, C", [(2, 40, 2, 20, 24, 16), (2, 64, 2, 16, 16, 32), (1, 70, 3, 16, 80, 32),
+                                             (1, 5, 1, 3, 2, 16)],
+                         ids=["T40-off-the-grid", "T64-strided-views", "two-value-tiles", "T5-below-a-chunk"])
 def test_factors_and_their_gradients_match_float64(B, T, H, K, V, C):
     q, k, v, g, beta = inputs(B, T, H, H, K, V)
 
@@ -53,8 +54,9 @@ def test_factors_and_their_gradients_match_float64(B, T, H, K, V, C):
         assert_close(a, b, what=name)
 
 
-@pytest.mark.parametrize("B, T, H, Hk, decay, C", [(2, 50, 2, 2, True, 16), (1, 37, 3, 1, True, 8), (2, 20, 2, 2, False, 32)],
-                         ids=["per-head", "shared-qk-chunk-8", "no-decay"])
+@pytest.mark.parametrize("B, T, H, Hk, decay, C", [(2, 50, 2, 2, True, 16), (1, 37, 3, 1, True, 8), (2, 20, 2, 2, False, 32),
+                                                   (2, 64, 2, 2, True, 16)],
+                         ids=["per-head", "shared-qk-chunk-8", "no-decay", "whole-chunks"])
 def test_gated_deltanet_triton_form_is_the_chunkwise_form(B, T, H, Hk, decay, C):
     """Output, every gradient and the state after the last token (``return_state``), in float64 and float32."""
     args = inputs(B, T, H, Hk, 12, 10, seed=3, decay=decay)

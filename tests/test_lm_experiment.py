@@ -34,7 +34,7 @@ def test_parameter_counts_are_matched_within_5_percent(tier):
 def test_the_triton_backend_reaches_the_layers_with_a_kernel_only():
     tier = replace(lm.TIERS["cpu"], backend="triton")
     backends = {m: lm.model_config(tier, m, 64).mixer_options["backend"] for m in lm.MODELS}
-    assert backends == dict(transformer="auto", mamba2="triton", loglinear_mamba2="triton", gated_deltanet="auto",
+    assert backends == dict(transformer="auto", mamba2="triton", loglinear_mamba2="triton", gated_deltanet="triton",
                             loglinear_gated_deltanet="triton"), backends
     torch_tier = replace(tier, backend="torch")
     assert {lm.model_config(torch_tier, m, 64).mixer_options["backend"] for m in lm.MODELS} == {"torch"}

@@ -182,7 +182,7 @@ def test_tier_backend_reaches_the_layers():
     assert experiment.model_config(tier, "loglinear_mamba2", 32).mixer_options["backend"] == "auto"
     kernels = replace(tier, backend="triton")  # the Triton kernels wherever a layer has one, "auto" elsewhere
     backends = {m: experiment.model_config(kernels, m, 32).mixer_options["backend"] for m in experiment.MODELS}
-    assert backends == dict(transformer="torch", mamba2="triton", loglinear_mamba2="triton", gated_deltanet="auto",
+    assert backends == dict(transformer="torch", mamba2="triton", loglinear_mamba2="triton", gated_deltanet="triton",
                             loglinear_gated_deltanet="triton"), backends
     assert experiment.model_config(kernels, "loglinear_gated_deltanet_tied", 32).mixer_options["backend"] == "triton"
     with pytest.raises(ValueError, match="backend must be"):
