@@ -128,8 +128,9 @@ KERNEL_MODELS = ["mamba2", "loglinear_mamba2", "gated_deltanet"]
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", KERNEL_MODELS)
 def test_the_kernel_step_trains_as_the_pytorch_step(tmp_path, name):
-    """backend="triton" (the Triton kernels inside the vmapped ensemble, exact fp32 products) trains as the PyTorch
-    forms do, to the tolerance of two eager GPU runs (see the test above)."""
+    """backend="triton" (the Triton kernels inside the vmapped ensemble, without TF32: exact fp32 products, tf32x3 in
+    Gated DeltaNet's operator) trains as the PyTorch forms do, to the tolerance of two eager GPU runs (see the test
+    above)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     forms = trained(name, tmp_path, "torch", device="cuda")
     kernels = trained(name, tmp_path, "triton", device="cuda", backend="triton")
