@@ -44,7 +44,7 @@ def factor_precision(dtype: torch.dtype) -> str:
     return "tf32" if torch.backends.cuda.matmul.allow_tf32 and not interpreted() else "tf32x3"
 
 
-def tiles(K: int, V: int) -> tuple[int, int, int, int]:
+def factor_tiles(K: int, V: int) -> tuple[int, int, int, int]:
     """``(KP, KS, BV, NV)``: the key columns held (one tile, ``KP >= K``), read ``KS`` at a time by the forward,
     and ``NV`` value tiles of ``BV`` columns."""
     KP = block(K)
@@ -65,7 +65,7 @@ def factors_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     V, N, C = v.shape[-1], beta.shape[2], beta.shape[3]
     q, k = same_strides(q, k)
     v = last_dim_contiguous(v)
-    KP, KS, BV, NV = tiles(K, V)
+    KP, KS, BV, NV = factor_tiles(K, V)
     new = lambda *shape: torch.empty(*shape, device=q.device, dtype=q.dtype)  # noqa: E731
     t_beta, intra = new(B, H, N, C, C), new(B, H, N, C, C)
     w, query, u0 = new(B, H, N, C, KP), new(B, H, N, C, KP), new(B, H, N, C, NV * BV)
@@ -185,7 +185,7 @@ def delta_factors_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, be
     v = last_dim_contiguous(v)
     dq, dk, dv = q.new_empty(B, H, T, K), q.new_empty(B, H, T, K), q.new_empty(B, H, T, V)
     d_beta, d_gc = beta.new_empty(beta.shape), gc.new_empty(gc.shape)  # contiguous, as the kernel writes them
-    _, _, BV, NV = tiles(K, V)
+    _, _, BV, NV = factor_tiles(K, V)
     factors_bwd_kernel[(N, H, B)](
         q, k, v, beta.contiguous(), gc.contiguous(), t_beta.contiguous(), d_intra.contiguous(), d_query.contiguous(),
         d_w.contiguous(), d_u0.contiguous(), dq, dk, dv, d_beta, d_gc, T, N, H, K, V,
@@ -232,7 +232,8 @@ def wy_factors_triton(qc: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, beta
 
     qc, kc: ``[B, H, N, C, K]``; vc: ``[B, H, N, C, V]``; beta, g_cum: ``[B, H, N, C]`` (zero-padded past ``T``).
     Returns ``(intra, query, w, u0, None)``: ``T_β`` is not returned (it is no differentiable output here), so
-    the chunk terms carry no write keys. 16-bit inputs are computed in fp32 and the factors returned in fp32.
+    the chunk terms carry no write keys. 16-bit inputs are computed in fp32 and the factors rounded to their type
+    once, for the rest of the form, which runs in it.
     """
     if not qc.is_cuda and not interpreted():
         raise RuntimeError(
@@ -245,5 +246,5 @@ def wy_factors_triton(qc: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, beta
                          f"chunk_size={C}, K={qc.shape[-1]}")
     wide = torch.promote_types(qc.dtype, torch.float32)
     flat = [x.to(wide).flatten(2, 3) for x in (qc, kc, vc)]  # [B, H, N·C, D]: the padded tokens are zeros
-    intra, query, w, u0, _ = delta_factors(*flat, beta.to(wide), g_cum.to(wide), factor_precision(wide))
-    return intra, query, w, u0, None
+    factors = delta_factors(*flat, beta.to(wide), g_cum.to(wide), factor_precision(wide))[:4]
+    return (*(x.to(qc.dtype) for x in factors), None)

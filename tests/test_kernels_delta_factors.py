@@ -54,6 +54,21 @@ def test_factors_and_their_gradients_match_float64(B, T, H, K, V, C):
         assert_close(a, b, what=name)
 
 
+def test_gradients_of_one_factor_alone():
+    """Outputs nobody uses reach the backward as None (zeros there): each factor alone has the reference's gradients
+    (zero where the factor does not depend on an input, as intra and the query side on v)."""
+    args = inputs(1, 40, 2, 2, 8, 12, seed=5)
+    for index in range(4):
+        grads = {}
+        for name, wy in (("triton", step10.wy_factors_triton), ("torch", le.chunking.wy_factors)):
+            xs = [a.clone().requires_grad_() for a in args]
+            factor = wy(*chunked(*xs, 16))[index]
+            weights = torch.randn(factor.shape, generator=torch.Generator().manual_seed(index), dtype=factor.dtype)
+            grads[name] = torch.autograd.grad((factor * weights).sum(), xs, allow_unused=True, materialize_grads=True)
+        for name, a, b in zip(("dq", "dk", "dv", "dlog_decay", "dbeta"), grads["triton"], grads["torch"]):
+            assert_close(a, b, what=f"factor {index}: {name}")
+
+
 @pytest.mark.parametrize("B, T, H, Hk, decay, C", [(2, 50, 2, 2, True, 16), (1, 37, 3, 1, True, 8), (2, 20, 2, 2, False, 32),
                                                    (2, 64, 2, 2, True, 16)],
                          ids=["per-head", "shared-qk-chunk-8", "no-decay", "whole-chunks"])
@@ -71,6 +86,16 @@ def test_gated_deltanet_triton_form_is_the_chunkwise_form(B, T, H, Hk, decay, C)
     _, state = le.ops.mix(*args, form="triton", chunk_size=C, return_state=True)
     _, ref_state = le.ops.mix(*args, form="chunkwise", chunk_size=C, return_state=True)
     assert_close(state, ref_state, what="state after T tokens")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_inputs_give_16_bit_outputs_near_float64(dtype):
+    """The factors are computed in fp32 and rounded once to the inputs' type, in which the rest of the form runs."""
+    args = inputs(1, 40, 2, 2, 8, 8, seed=7)
+    out = le.gated_deltanet_attention(*(a.to(dtype) for a in args), form="triton", chunk_size=16)
+    ref = le.gated_deltanet_attention(*(a.to(dtype).double() for a in args), form="chunkwise", chunk_size=16)
+    assert out.dtype == dtype
+    assert_close(out.double(), ref, rtol=3e-2, what=f"{dtype}: o")
 
 
 def test_the_operator_runs_inside_vmap():

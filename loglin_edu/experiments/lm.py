@@ -53,7 +53,7 @@ import torch
 
 from ..data.lm_data import TextData, TextSpec, prepare_text
 from ..data.token_stream import evaluation_starts
-from ..layers.model import LOGLINEAR_MIXERS, MIXERS, ModelConfig, build_model, count_parameters
+from ..layers.model import MIXERS, ModelConfig, build_model, count_parameters
 from ..ops import layer_backend
 from ..provenance import provenance, write_json
 from ..train import distributed
@@ -141,15 +141,13 @@ def mixer_settings(model: str, tier: LMTier) -> tuple[dict[str, Any], int]:
                     form="chunkwise", chunk_size=tier.chunk_size), 4
     if model in ("mamba2", "loglinear_mamba2"):
         return dict(d_state=tier.d_state, head_dim=tier.head_dim, expand=2,
-                    backend=layer_backend(tier.backend, kernel=True),
-                    chunk_size=tier.chunk_size), 3
+                    backend=layer_backend(tier.backend, kernel=True), chunk_size=tier.chunk_size), 3
     if model in ("gated_deltanet", "loglinear_gated_deltanet"):
         key_width = 3 * d // 4
         if key_width % tier.gdn_heads:
             raise ValueError(f"¾·d_model={key_width} must split into gdn_heads={tier.gdn_heads} heads")
         return dict(num_heads=tier.gdn_heads, key_dim=key_width // tier.gdn_heads, expand_v=2,
-                    backend=layer_backend(tier.backend, kernel=True),
-                    chunk_size=tier.chunk_size), 3
+                    backend=layer_backend(tier.backend, kernel=True), chunk_size=tier.chunk_size), 3
     raise ValueError(f"model must be one of {MODELS}, got {model!r}")
 
 

@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tf32", action="store_true", help="the training step's float32 matrix products in TF32 on CUDA")
     parser.add_argument("--backend", choices=["torch", "auto", "triton"],
                         help="'auto': the Triton kernel for log-linear Mamba-2 on CUDA; 'triton': the Triton kernels "
-                             "of both Mamba-2 models and of log-linear Gated DeltaNet (default: torch)")
+                             "of every recurrent mixer (default: torch)")
     parser.add_argument("--chunk-size", type=int, help="the recurrent mixers' chunk (default: the tier's, 64)")
     parser.add_argument("--attention-hybrid", action=argparse.BooleanOptionalAction,
                         help="the Transformer as Zoology builds it: a gated convolution layer, then an attention "

@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--chunk-size", type=int, default=None, help="the recurrent mixers' chunk (default: the tier's)")
     parser.add_argument("--backend", choices=["torch", "auto", "triton"], default=None,
                         help="'auto': the Triton kernel for log-linear Mamba-2 on CUDA; 'triton': the Triton kernels "
-                             "of both Mamba-2 models and of log-linear Gated DeltaNet (default: the tier's, torch)")
+                             "of every recurrent mixer (default: the tier's, torch)")
     parser.add_argument("--amp", action="store_true", help="bf16 autocast in the step (default: the tier's, off)")
     parser.add_argument("--tf32", action="store_true", help="TF32 matrix products in the step (default: the tier's, off)")
     parser.add_argument("--profile", action="store_true",
