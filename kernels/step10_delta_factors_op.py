@@ -17,6 +17,14 @@ and, given the gradients of the four outputs, the backward (one program per chun
     dQ = diag(γ) dquery + (Γ ⊙ dS) K,    dK = diag(βγ) Tᵀ dW' + (Γ ⊙ dS)ᵀ Q + (dK_A + dK_Aᵀ) K,   dK_A = diag(β) Γ ⊙ dA
     dV = diag(β) Tᵀ dU₀,   and dβ, d gc from the same terms (``Γ`` and ``γ`` are exponentials of ``gc``).
 
+The kernel never forms ``dT``: with ``R = S T``, ``dX = Tᵀ dW'`` and ``dY = Tᵀ dU₀`` (which dK and dV need anyway),
+
+    Tᵀ dT = Rᵀ dP diag(β) + dX (diag(βγ) K)ᵀ + dY (diag(β) V)ᵀ,
+
+one ``C × C`` product fewer than ``Tᵀ (dT Tᵀ)``. Its ``C × C`` blocks are what fills a program's registers, so it
+keeps as few alive at once as it can: ``S`` is formed from q and k at the start and again at the end rather than
+held through the middle, where ``T``, ``R``, ``dP`` and ``Tᵀ dT`` are.
+
 The products run in tf32 while ``torch.backends.cuda.matmul.allow_tf32`` is set (as ``torch.matmul`` beside
 them does), in tf32x3 otherwise (about fp32), exactly for fp64 inputs (the interpreter's checks).
 """
@@ -107,64 +115,58 @@ def factors_bwd_kernel(
     rc = tl.arange(0, C)
     rk = tl.arange(0, BK)
     t = i_c * C + rc
-    rows = bh * N * C + t  # this chunk's rows of the [B, H, N·C, ...] buffers
+    rows = bh * N * C + t
     NC = N * C
     q_ptr += i_b.to(tl.int64) * sqb + i_h * sqh
     k_ptr += i_b.to(tl.int64) * sqb + i_h * sqh
     v_ptr += i_b.to(tl.int64) * svb + i_h * svh
     gc = tl.load(gc_ptr + rows)
     beta = tl.load(beta_ptr + rows)
-    square = (bh * N + i_c) * C * C + rc[:, None] * C + rc[None, :]
-    t_beta = tl.load(tb_ptr + square)
-    q = load_tile(q_ptr, sqt, t, T, rk, K).to(gc.dtype)
-    k = load_tile(k_ptr, sqt, t, T, rk, K).to(gc.dtype)
     gamma = tl.exp(gc)
     write = beta * gamma
-    keys_in = k * write[:, None]  # diag(βγ) K
-    # query = diag(γ) Q - S W  (the C × C blocks are formed as late and dropped as early as the formulas allow:
-    # fewer of them alive at once spill fewer registers)
+    square = (bh * N + i_c) * C * C + rc[:, None] * C + rc[None, :]
+    t_beta = tl.load(tb_ptr + square)
+    # S = Γ ⊙ Q Kᵀ for R = S T and dW' = dW - Sᵀ dquery; formed again at the end rather than kept
+    q = load_tile(q_ptr, sqt, t, T, rk, K).to(gc.dtype)
+    k = load_tile(k_ptr, sqt, t, T, rk, K).to(gc.dtype)
+    scores = decay_matrix(gc, C) * tl.dot(q, tl.trans(k), input_precision=IP)
     dquery = load_tile(dquery_ptr + bh * NC * K, K, t, NC, rk, K)
-    dq = dquery * gamma[:, None]
     d_gamma = tl.sum(dquery * q, 1)
-    d_scores = -dot_split(dquery, tl.trans(dot_split(t_beta, keys_in, IP)), IP)
-    decay = decay_matrix(gc, C)  # Γ, zero above the diagonal
-    qk = tl.dot(q, tl.trans(k), input_precision=IP)
-    scores = decay * qk  # S
     dw = load_tile(dw_ptr + bh * NC * K, K, t, NC, rk, K) - dot_split(tl.trans(scores), dquery, IP)
-    # P = S T diag(β)
-    dp = tl.load(dp_ptr + square)
-    d_beta = tl.sum(dp * dot_split(scores, t_beta, IP), 0)
-    dp *= beta[None, :]
-    d_scores += dot_split(dp, tl.trans(t_beta), IP)
-    d_t = dot_split(tl.trans(scores), dp, IP)
-    # W = T diag(βγ) K
-    d_t += dot_split(dw, tl.trans(keys_in), IP)
+    r = dot_split(scores, t_beta, IP)
+    dr = tl.load(dp_ptr + square)
+    d_beta = tl.sum(dr * r, 0)
+    dr *= beta[None, :]
+    m = dot_split(tl.trans(r), dr, IP)
+    keys_in = k * write[:, None]
+    d_scores = dot_split(dr, tl.trans(t_beta), IP) - dot_split(dquery, tl.trans(dot_split(t_beta, keys_in, IP)), IP)
     dx = dot_split(tl.trans(t_beta), dw, IP)
+    m += dot_split(dx, tl.trans(keys_in), IP)
     dk = dx * write[:, None]
     dx_k = tl.sum(dx * k, 1)
     d_beta += gamma * dx_k
     d_gamma += beta * dx_k
-    # U₀ = T diag(β) V, a value tile at a time
     for i_v in range(NV):
         cols = i_v * BV + tl.arange(0, BV)
         v = load_tile(v_ptr, svt, t, T, cols, V).to(gc.dtype)
         du = load_tile(du_ptr + bh * NC * V, V, t, NC, cols, V)
-        d_t += dot_split(du, tl.trans(v * beta[:, None]), IP)
         dy = dot_split(tl.trans(t_beta), du, IP)
+        m += dot_split(dy, tl.trans(v * beta[:, None]), IP)
         d_beta += tl.sum(dy * v, 1)
         store_tile(dv_ptr + bh * T * V, V, t, T, cols, V, dy * beta[:, None])
-    # T = (I + A)⁻¹: dA = -Tᵀ dT Tᵀ, strictly below the diagonal
     strict = rc[:, None] > rc[None, :]
-    d_a = tl.where(strict, -dot_split(dot_split(tl.trans(t_beta), d_t, IP), tl.trans(t_beta), IP), 0.0)
-    # S = Γ ⊙ Q Kᵀ, then A = strict(diag(β) Γ ⊙ K Kᵀ)
+    d_a = tl.where(strict, -dot_split(m, tl.trans(t_beta), IP), 0.0)
+    q = load_tile(q_ptr, sqt, t, T, rk, K).to(gc.dtype)
+    k = load_tile(k_ptr, sqt, t, T, rk, K).to(gc.dtype)
+    decay = decay_matrix(gc, C)
     d_qk = d_scores * decay
-    d_decay = d_scores * qk  # the gradient of Γ (times Γ below)
-    dq += dot_split(d_qk, k, IP)
+    d_decay = d_qk * tl.dot(q, tl.trans(k), input_precision=IP)
+    dq = load_tile(dquery_ptr + bh * NC * K, K, t, NC, rk, K) * gamma[:, None] + dot_split(d_qk, k, IP)
     dk += dot_split(tl.trans(d_qk), q, IP)
-    kk = tl.dot(k, tl.trans(k), input_precision=IP)
-    d_beta += tl.sum(d_a * decay * kk, 1)
+    kk = decay * tl.dot(k, tl.trans(k), input_precision=IP)
+    d_beta += tl.sum(d_a * kk, 1)
+    d_decay += d_a * beta[:, None] * kk
     d_kk = d_a * decay * beta[:, None]
-    d_decay = (d_decay + d_a * beta[:, None] * kk) * decay
     dk += dot_split(d_kk + tl.trans(d_kk), k, IP)
     d_gc = tl.sum(d_decay, 1) - tl.sum(d_decay, 0) + d_gamma * gamma
     store_tile(dq_ptr + bh * T * K, K, t, T, rk, K, dq)

@@ -12,9 +12,10 @@ Every operator computes ``O = (A ⊙ M) V`` of one model of the book (PAPER.md �
 
 Forms (:data:`REFERENCE_FORMS`): ``"naive"`` (dense ``T × T``), ``"recurrent"`` (token by token) and
 ``"chunkwise"`` (chunks: O(T·C) or, log-linear, O(T log T)), all in PyTorch, plus ``"triton"``: the
-Triton kernels of :mod:`loglin_edu.kernels`, for log-linear attention (log-linear Mamba-2 without
-``beta``, log-linear Gated DeltaNet with it) and for Mamba-2 (and linear attention, its decay-free case);
-for Gated DeltaNet the chunkwise form with each chunk's WY factors by a Triton operator (:func:`delta_rule_triton`).
+Triton kernels of :mod:`loglin_edu.kernels`: for log-linear Mamba-2 and Mamba-2 (and linear attention, its
+decay-free case) whole-operator kernels; for Gated DeltaNet and its log-linear version the chunkwise form and the
+chunk scan with each chunk's WY factors by a Triton operator (:func:`delta_rule_triton`,
+:func:`loglinear_delta_rule_triton`), which compiles and vmaps.
 Triton is imported only when a call needs it, never at import (where it is only looked up).
 
 With ``return_state=True`` (:func:`loglinear_attention`, :func:`mix`) a call also returns the decoding
@@ -99,13 +100,12 @@ def forms(loglinear: bool = False, beta: bool = False) -> tuple[str, ...]:
 def kernel_by_default(loglinear: bool, beta: bool) -> bool:
     """Whether CUDA calls take the Triton form when none is asked for: log-linear Mamba-2 (no delta rule).
 
-    The delta-rule kernels are taken on request only (``form="triton"``, ``backend="triton"``): on an H200
-    their forward and backward take about five times as long as the decay-only kernels at identical shapes,
-    for about five times the counted work (chapter 9), and no measurement here says at which shapes they beat
-    the chunkwise form. So is Mamba-2's kernel (step 1, one walk over the chunks per head): fast where a batch
-    has many short sequences, as in training on recall tasks, latency-bound at long ``T`` with few heads. So is
-    Gated DeltaNet's operator for the WY factors (step 10), measured faster than the PyTorch forms only in the
-    training step of chapter 11.
+    The delta rule's Triton forms (the WY-factor operator of step 10 inside the PyTorch chunk forms) are taken on
+    request only (``form="triton"``, ``backend="triton"``): they are measured faster than the PyTorch forms only in
+    the compiled training step of chapter 11, and they run the states and levels across chunks as a Python loop,
+    one set of launches per chunk, which an uncompiled call at long ``T`` pays for. So is Mamba-2's kernel (step 1,
+    one walk over the chunks per head): fast where a batch has many short sequences, as in training on recall
+    tasks, latency-bound at long ``T`` with few heads.
     """
     return loglinear and not beta
 
@@ -171,20 +171,15 @@ def mix(
         with torch.autocast(q.device.type, enabled=False):
             up = [None if x is None else x.float() for x in (q, k, v, log_decay, beta, level_scales)]
             return mix(*up, form=form, chunk_size=chunk_size, return_state=return_state)
-    if form == KERNEL_FORM and (level_scales is not None or beta is None):
+    if form == KERNEL_FORM and beta is None:
         if level_scales is None:
             from .kernels.step1_mamba2_chunked import mamba2_triton
 
             out = mamba2_triton(q, k, v, log_decay, chunk_size=chunk_size)
             return (out, kernel_prefill_state(k, v, log_decay, beta, loglinear=False)) if return_state else out
-        if beta is None:
-            from .kernels.step5_loglinear_mamba2 import loglinear_mamba2
+        from .kernels.step5_loglinear_mamba2 import loglinear_mamba2
 
-            out = loglinear_mamba2(q, k, v, level_scales, log_decay, chunk_size=chunk_size)
-        else:
-            from .kernels.step9_loglinear_gated_deltanet import loglinear_gated_deltanet
-
-            out = loglinear_gated_deltanet(q, k, v, level_scales, log_decay, beta, chunk_size=chunk_size)
+        out = loglinear_mamba2(q, k, v, level_scales, log_decay, chunk_size=chunk_size)
         return (out, kernel_prefill_state(k, v, log_decay, beta)) if return_state else out
     H = v.shape[2]
     q, k, v = heads_first(q, H), heads_first(k, H), heads_first(v, H)
@@ -194,7 +189,8 @@ def mix(
         linear = delta_rule_triton if form == KERNEL_FORM else LINEAR_FORMS[form]
         result = linear(q, k, v, g, b, chunk_size, return_state)
     else:
-        result = LOGLINEAR_FORMS[form](q, k, v, level_scales.transpose(1, 2), g, b, chunk_size, return_state)
+        loglinear = loglinear_delta_rule_triton if form == KERNEL_FORM else LOGLINEAR_FORMS[form]
+        result = loglinear(q, k, v, level_scales.transpose(1, 2), g, b, chunk_size, return_state)
     return (time_first(result[0]), result[1]) if return_state else time_first(result)
 
 
@@ -207,6 +203,20 @@ def delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_dec
     from .kernels.step10_delta_factors_op import wy_factors_triton
 
     return chunkwise_linear(q, k, v, log_decay, beta, max(chunk_size, 16), return_state, wy_factors_triton)
+
+
+def loglinear_delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, level_scales: torch.Tensor,
+                                log_decay: torch.Tensor | None, beta: torch.Tensor, chunk_size: int, return_state: bool):
+    """Log-linear Gated DeltaNet's Triton form, heads-first (shapes as :func:`~loglin_edu.chunk_scan.chunk_scan`):
+    the chunk scan with every chunk's WY factors by the operator of :func:`delta_rule_triton`, the levels and the
+    states carried across chunks by PyTorch. The operator returns no ``T_β``, so the decoding state is built from
+    its definition (:func:`~loglin_edu.state.prefix_state`, float32). chunk_size is raised to 16 if smaller."""
+    from .kernels.step10_delta_factors_op import wy_factors_triton
+
+    out = chunk_scan(q, k, v, level_scales, log_decay, beta, max(chunk_size, 16), factors=wy_factors_triton)
+    if not return_state:
+        return out
+    return out, prefix_state(k.float(), v.float(), None if log_decay is None else log_decay.float(), beta.float())
 
 
 def kernel_prefill_state(k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor | None,

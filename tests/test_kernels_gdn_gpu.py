@@ -49,15 +49,14 @@ def test_errors_against_float64(shape, dtype, precision):
 
 def test_delta_rule_takes_the_kernel_on_request_only():
     import loglin_edu as le
-    from loglin_edu.kernels import step9_loglinear_gated_deltanet as kernel
+    from loglin_edu.kernels import step10_delta_factors_op as kernel
 
     x = torch.nn.functional.normalize(torch.randn(1, 100, 2, 16, device="cuda"), dim=-1)
     g, beta = -torch.rand(1, 100, 2, device="cuda"), torch.rand(1, 100, 2, device="cuda")
     lam = torch.rand(1, 100, 2, 8, device="cuda")
-    function = kernel.LogLinearGatedDeltaNet
-    assert not apply_calls(function, lambda: le.loglinear_attention(x, x, x, lam, g, beta)), \
-        "form=None with beta took the Triton path"
-    assert apply_calls(function, lambda: le.loglinear_attention(x, x, x, lam, g, beta, form="triton")), \
+    run = lambda **form: le.loglinear_attention(x, x, x, lam, g, beta, **form)  # noqa: E731
+    assert not apply_calls(kernel, lambda: run(), "wy_factors_triton"), "form=None with beta took the Triton path"
+    assert apply_calls(kernel, lambda: run(form="triton"), "wy_factors_triton"), \
         "form='triton' with beta did not take the Triton path"
 
 
@@ -128,11 +127,13 @@ def test_the_wy_solve_of_16_bit_inputs_is_far_finer_than_their_rounding(dtype):
 
 @pytest.mark.parametrize("shape", [(4, 1000, 2, 32, 64), (3, 333, 3, 40, 24), (2, 1024, 2, 64, 128)],
                          ids=["mqar-widths", "odd-widths", "wide-heads"])
-def test_gated_deltanet_triton_form_against_float64(shape):
-    """Gated DeltaNet's Triton form (the chunkwise form with step 10's WY factors) on fp32 inputs against the
-    float64 chunkwise form: products in tf32x3 within 1e-5 on o and every gradient, in TF32 (PyTorch's
-    ``allow_tf32``) within 5e-3, the bound of the PyTorch forms' own TF32 products."""
+@pytest.mark.parametrize("loglinear", [False, True], ids=["gated-deltanet", "loglinear"])
+def test_gated_deltanet_triton_form_against_float64(shape, loglinear):
+    """(Log-linear) Gated DeltaNet's Triton form (the chunkwise form or the chunk scan with step 10's WY factors) on
+    fp32 inputs against the float64 PyTorch form: products in tf32x3 within 1e-5 on o and every gradient, in TF32
+    (PyTorch's ``allow_tf32``) within 5e-3, the bound of the PyTorch forms' own TF32 products."""
     import loglin_edu as le
+    from loglin_edu.fenwick import num_levels
 
     B, T, H, K, V = shape
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -140,11 +141,14 @@ def test_gated_deltanet_triton_form_against_float64(shape):
             torch.nn.functional.normalize(torch.randn(B, T, H, K, device="cuda", generator=gen), dim=-1),
             torch.randn(B, T, H, V, device="cuda", generator=gen),
             -0.3 * torch.rand(B, T, H, device="cuda", generator=gen), torch.rand(B, T, H, device="cuda", generator=gen)]
+    if loglinear:
+        args.insert(3, 0.5 + torch.rand(B, T, H, num_levels(T), device="cuda", generator=gen))
     weights = torch.randn(B, T, H, V, device="cuda", generator=gen)
+    operator = le.loglinear_attention if loglinear else le.gated_deltanet_attention
 
     def run(dtype, form):
         xs = [a.to(dtype).requires_grad_() for a in args]
-        out = le.gated_deltanet_attention(*xs, form=form)
+        out = operator(*xs, form=form)
         return [out.detach(), *torch.autograd.grad((out * weights.to(dtype)).sum(), xs)]
 
     before = torch.backends.cuda.matmul.allow_tf32
@@ -153,8 +157,8 @@ def test_gated_deltanet_triton_form_against_float64(shape):
         reference = run(torch.float64, "chunkwise")
         for tf32, bound in ((False, 1e-5), (True, 5e-3)):
             torch.backends.cuda.matmul.allow_tf32 = tf32
-            for name, x, ref in zip(("o", "dq", "dk", "dv", "dlog_decay", "dbeta"), run(torch.float32, "triton"),
-                                    reference):
+            names = ("o", "dq", "dk", "dv", *(("dlevel_scales",) if loglinear else ()), "dlog_decay", "dbeta")
+            for name, x, ref in zip(names, run(torch.float32, "triton"), reference):
                 error = (torch.linalg.vector_norm(x.double() - ref) / torch.linalg.vector_norm(ref)).item()
                 assert error < bound, f"tf32={tf32} {name}: relative error {error:.2e}"
     finally:

@@ -122,7 +122,7 @@ def test_a_captured_tf32_step_equals_the_eager_tf32_step(tmp_path):
     assert_same_training(eager, captured, rtol=1e-4, weights_rtol=1e-2, norm=True)
 
 
-KERNEL_MODELS = ["mamba2", "loglinear_mamba2", "gated_deltanet"]
+KERNEL_MODELS = ["mamba2", "loglinear_mamba2", "gated_deltanet", "loglinear_gated_deltanet"]
 
 
 @pytest.mark.gpu
