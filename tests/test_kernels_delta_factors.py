@@ -1,7 +1,7 @@
 """Step 10, the WY factors of the delta rule as one operator, on the CPU under Triton's interpreter.
 
-Against :func:`loglin_edu.chunking.wy_factors` in float64 (the factors and every gradient), then Gated DeltaNet's
-``form="triton"`` against its chunkwise form, inside vmap, ``torch.library.opcheck`` and one compiled graph.
+Against :func:`loglin_edu.chunking.wy_factors` in float64 (the factors and every gradient), then (log-linear) Gated DeltaNet's ``form="triton"`` against its PyTorch
+form, inside vmap, ``torch.library.opcheck`` and one compiled graph.
 """
 
 import pytest
@@ -88,6 +88,32 @@ def test_gated_deltanet_triton_form_is_the_chunkwise_form(B, T, H, Hk, decay, C)
     assert_close(state, ref_state, what="state after T tokens")
 
 
+@pytest.mark.parametrize("B, T, H, Hk, decay, C", [(2, 50, 2, 2, True, 16), (1, 37, 3, 1, True, 8), (2, 20, 2, 2, False, 32),
+                                                   (1, 96, 2, 2, True, 16)],
+                         ids=["per-head", "shared-qk-chunk-8", "no-decay", "three-chunk-levels"])
+def test_loglinear_gated_deltanet_triton_form_is_the_chunkwise_form(B, T, H, Hk, decay, C):
+    """The chunk scan on the operator's factors: output, every gradient (dλ too) and the Fenwick state after the last
+    token, in float64 and float32."""
+    q, k, v, g, beta = inputs(B, T, H, Hk, 12, 10, seed=4, decay=decay)
+    lam = (0.5 + torch.rand(B, T, H, le.num_levels(T) + 1, generator=torch.Generator().manual_seed(2))).to(q)
+    args = [q, k, v, lam, g, beta]
+    for dtype, rtol in ((torch.float64, 1e-10), (torch.float32, 1e-5)):
+        low = [None if a is None else a.to(dtype) for a in args]
+        out, grads = grads_of(lambda *x: le.loglinear_attention(*x, form="triton", chunk_size=C), low)
+        ref, ref_grads = grads_of(lambda *x: le.loglinear_attention(*x, form="chunkwise", chunk_size=C), low)
+        assert out.dtype == dtype
+        assert_close(out, ref, rtol=rtol, what=f"{dtype}: o")
+        for a, b in zip(grads, ref_grads):
+            assert_close(a, b, rtol=rtol, what=f"{dtype}: a gradient")
+    _, state = le.ops.mix(*(args[i] for i in (0, 1, 2, 4, 5, 3)), form="triton", chunk_size=C, return_state=True)
+    _, ref_state = le.ops.mix(*(args[i] for i in (0, 1, 2, 4, 5, 3)), form="chunkwise", chunk_size=C, return_state=True)
+    assert state.position == ref_state.position == T
+    for level, (a, b) in enumerate(zip(state.levels, ref_state.levels, strict=True)):
+        assert (a is None) == (b is None), f"level {level}"
+        if a is not None:
+            assert_close(a.double(), b, rtol=1e-5, what=f"state level {level}")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_16_bit_inputs_give_16_bit_outputs_near_float64(dtype):
     """The factors are computed in fp32 and rounded once to the inputs' type, in which the rest of the form runs."""
@@ -98,10 +124,14 @@ def test_16_bit_inputs_give_16_bit_outputs_near_float64(dtype):
     assert_close(out.double(), ref, rtol=3e-2, what=f"{dtype}: o")
 
 
-def test_the_operator_runs_inside_vmap():
+@pytest.mark.parametrize("loglinear", [False, True], ids=["gated-deltanet", "loglinear"])
+def test_the_operator_runs_inside_vmap(loglinear):
     """Its vmap rule folds the mapped dimension into the batch: the same outputs and gradients as one call per member."""
     q, k, v, g, beta = inputs(3, 40, 2, 2, 8, 8, seed=12)  # 3 members of batch 1
-    stacked = [x[:, None].requires_grad_() for x in (q, k, v, g, beta)]
+    members = [q, k, v, g, beta]
+    if loglinear:
+        members.append((0.5 + torch.rand(3, 40, 2, le.num_levels(40), generator=torch.Generator().manual_seed(3))).to(q))
+    stacked = [x[:, None].requires_grad_() for x in members]
     mapped = torch.func.vmap(lambda *a: le.ops.mix(*a, form="triton", chunk_size=16))(*stacked)
     grads = torch.autograd.grad(mapped, stacked, torch.sin(mapped))
     for m in range(3):
@@ -120,11 +150,12 @@ def test_the_operator_passes_torch_opcheck():
     torch.library.opcheck(step10.delta_factors, (*flat, b, g_cum, step10.factor_precision(torch.float32)))
 
 
-def test_a_compiled_ensemble_of_gated_deltanets_on_the_kernels_is_one_graph():
+@pytest.mark.parametrize("name", ["gated_deltanet", "loglinear_gated_deltanet"])
+def test_a_compiled_ensemble_on_the_kernels_is_one_graph(name):
     from loglin_edu.layers import ModelConfig, build_model
     from loglin_edu.train.ensemble import Ensemble
 
-    config = ModelConfig("gated_deltanet", vocab_size=32, d_model=16, max_len=64,
+    config = ModelConfig(name, vocab_size=32, d_model=16, max_len=64,
                          mixer_options=dict(backend="triton", chunk_size=16))
     ensemble = Ensemble([build_model(config) for _ in range(2)])
     tokens = torch.randint(0, 32, (2, 3, 64), generator=torch.Generator().manual_seed(0))
