@@ -12,10 +12,12 @@ Every operator computes ``O = (A ⊙ M) V`` of one model of the book (PAPER.md �
 
 Forms (:data:`REFERENCE_FORMS`): ``"naive"`` (dense ``T × T``), ``"recurrent"`` (token by token) and
 ``"chunkwise"`` (chunks: O(T·C) or, log-linear, O(T log T)), all in PyTorch, plus ``"triton"``: the
-Triton kernels of :mod:`loglin_edu.kernels`: for log-linear Mamba-2 and Mamba-2 (and linear attention, its
-decay-free case) whole-operator kernels; for Gated DeltaNet and its log-linear version the chunkwise form and the
-chunk scan with each chunk's WY factors by a Triton operator (:func:`delta_rule_triton`,
-:func:`loglinear_delta_rule_triton`), which compiles and vmaps.
+Triton kernels of :mod:`loglin_edu.kernels`: whole-operator kernels for log-linear attention (log-linear Mamba-2
+without ``beta``, log-linear Gated DeltaNet with it) and for Mamba-2 (and linear attention, its decay-free case);
+for Gated DeltaNet the chunkwise form with each chunk's WY factors by a Triton operator (:func:`delta_rule_triton`).
+Log-linear Gated DeltaNet's kernels are an ``autograd.Function``, which ``torch.compile`` cannot keep in one graph:
+inside a compiled function its Triton form is the chunk scan on that operator instead
+(:func:`loglinear_delta_rule_triton`), the same function.
 Triton is imported only when a call needs it, never at import (where it is only looked up).
 
 With ``return_state=True`` (:func:`loglinear_attention`, :func:`mix`) a call also returns the decoding
@@ -171,15 +173,21 @@ def mix(
         with torch.autocast(q.device.type, enabled=False):
             up = [None if x is None else x.float() for x in (q, k, v, log_decay, beta, level_scales)]
             return mix(*up, form=form, chunk_size=chunk_size, return_state=return_state)
-    if form == KERNEL_FORM and beta is None:
+    whole_kernels = beta is None or (level_scales is not None and not torch.compiler.is_compiling())
+    if form == KERNEL_FORM and whole_kernels:
         if level_scales is None:
             from .kernels.step1_mamba2_chunked import mamba2_triton
 
             out = mamba2_triton(q, k, v, log_decay, chunk_size=chunk_size)
             return (out, kernel_prefill_state(k, v, log_decay, beta, loglinear=False)) if return_state else out
-        from .kernels.step5_loglinear_mamba2 import loglinear_mamba2
+        if beta is None:
+            from .kernels.step5_loglinear_mamba2 import loglinear_mamba2
 
-        out = loglinear_mamba2(q, k, v, level_scales, log_decay, chunk_size=chunk_size)
+            out = loglinear_mamba2(q, k, v, level_scales, log_decay, chunk_size=chunk_size)
+        else:
+            from .kernels.step9_loglinear_gated_deltanet import loglinear_gated_deltanet
+
+            out = loglinear_gated_deltanet(q, k, v, level_scales, log_decay, beta, chunk_size=chunk_size)
         return (out, kernel_prefill_state(k, v, log_decay, beta)) if return_state else out
     H = v.shape[2]
     q, k, v = heads_first(q, H), heads_first(k, H), heads_first(v, H)
@@ -207,10 +215,13 @@ def delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_dec
 
 def loglinear_delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, level_scales: torch.Tensor,
                                 log_decay: torch.Tensor | None, beta: torch.Tensor, chunk_size: int, return_state: bool):
-    """Log-linear Gated DeltaNet's Triton form, heads-first (shapes as :func:`~loglin_edu.chunk_scan.chunk_scan`):
-    the chunk scan with every chunk's WY factors by the operator of :func:`delta_rule_triton`, the levels and the
-    states carried across chunks by PyTorch. The operator returns no ``T_β``, so the decoding state is built from
-    its definition (:func:`~loglin_edu.state.prefix_state`, float32). chunk_size is raised to 16 if smaller."""
+    """Log-linear Gated DeltaNet's Triton form inside ``torch.compile``, heads-first (shapes as
+    :func:`~loglin_edu.chunk_scan.chunk_scan`): the chunk scan with every chunk's WY factors by the operator of
+    :func:`delta_rule_triton`, the levels and the states carried across chunks by PyTorch, all of it one compiled
+    graph. Called eagerly it would pay a set of launches per chunk and, at long ``T``, take many times as long as
+    the whole-operator kernels (:mod:`loglin_edu.kernels.step9_loglinear_gated_deltanet`), which eager calls take
+    instead (:func:`mix`). The operator returns no ``T_β``, so the decoding state is built from its definition
+    (:func:`~loglin_edu.state.prefix_state`, float32). chunk_size is raised to 16 if smaller."""
     from .kernels.step10_delta_factors_op import wy_factors_triton
 
     out = chunk_scan(q, k, v, level_scales, log_decay, beta, max(chunk_size, 16), factors=wy_factors_triton)

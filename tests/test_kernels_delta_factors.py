@@ -91,27 +91,56 @@ def test_gated_deltanet_triton_form_is_the_chunkwise_form(B, T, H, Hk, decay, C)
 @pytest.mark.parametrize("B, T, H, Hk, decay, C", [(2, 50, 2, 2, True, 16), (1, 37, 3, 1, True, 8), (2, 20, 2, 2, False, 32),
                                                    (1, 96, 2, 2, True, 16)],
                          ids=["per-head", "shared-qk-chunk-8", "no-decay", "three-chunk-levels"])
-def test_loglinear_gated_deltanet_triton_form_is_the_chunkwise_form(B, T, H, Hk, decay, C):
-    """The chunk scan on the operator's factors: output, every gradient (dλ too) and the Fenwick state after the last
+def test_loglinear_gated_deltanet_chunk_scan_on_the_operator_is_the_chunkwise_form(B, T, H, Hk, decay, C):
+    """What log-linear Gated DeltaNet's Triton form runs inside ``torch.compile`` (:func:`~loglin_edu.ops.mix`): the
+    chunk scan on the operator's factors. Output, every gradient (dλ too) and the Fenwick state after the last
     token, in float64 and float32."""
     q, k, v, g, beta = inputs(B, T, H, Hk, 12, 10, seed=4, decay=decay)
     lam = (0.5 + torch.rand(B, T, H, le.num_levels(T) + 1, generator=torch.Generator().manual_seed(2))).to(q)
     args = [q, k, v, lam, g, beta]
     for dtype, rtol in ((torch.float64, 1e-10), (torch.float32, 1e-5)):
         low = [None if a is None else a.to(dtype) for a in args]
-        out, grads = grads_of(lambda *x: le.loglinear_attention(*x, form="triton", chunk_size=C), low)
+        out, grads = grads_of(scan_on_operator(C), low)
         ref, ref_grads = grads_of(lambda *x: le.loglinear_attention(*x, form="chunkwise", chunk_size=C), low)
         assert out.dtype == dtype
         assert_close(out, ref, rtol=rtol, what=f"{dtype}: o")
         for a, b in zip(grads, ref_grads):
             assert_close(a, b, rtol=rtol, what=f"{dtype}: a gradient")
-    _, state = le.ops.mix(*(args[i] for i in (0, 1, 2, 4, 5, 3)), form="triton", chunk_size=C, return_state=True)
-    _, ref_state = le.ops.mix(*(args[i] for i in (0, 1, 2, 4, 5, 3)), form="chunkwise", chunk_size=C, return_state=True)
+    _, state = scan_on_operator(C, return_state=True)(*args)
+    _, ref_state = le.loglinear_attention(*args, form="chunkwise", chunk_size=C, return_state=True)
     assert state.position == ref_state.position == T
     for level, (a, b) in enumerate(zip(state.levels, ref_state.levels, strict=True)):
         assert (a is None) == (b is None), f"level {level}"
         if a is not None:
             assert_close(a.double(), b, rtol=1e-5, what=f"state level {level}")
+
+
+def scan_on_operator(chunk_size, return_state=False):
+    """:func:`~loglin_edu.ops.loglinear_delta_rule_triton` on ``[B, T, H, D]`` tensors (q, k, v, λ, log decay, β)."""
+    from loglin_edu.layout import heads_first, time_first
+
+    def run(q, k, v, lam, g, beta):
+        H = v.shape[2]
+        result = le.ops.loglinear_delta_rule_triton(
+            heads_first(q, H), heads_first(k, H), heads_first(v, H), lam.transpose(1, 2),
+            None if g is None else g.transpose(1, 2), beta.transpose(1, 2), chunk_size, return_state)
+        return (time_first(result[0]), result[1]) if return_state else time_first(result)
+
+    return run
+
+
+def test_the_triton_form_of_log_linear_gated_deltanet_is_the_chunk_scan_only_when_compiled(monkeypatch):
+    """Eager calls take the whole-operator kernels (step 9); a call that ``torch.compile`` traces, the chunk scan."""
+    calls = []
+    original = le.ops.loglinear_delta_rule_triton
+    monkeypatch.setattr(le.ops, "loglinear_delta_rule_triton", lambda *a: calls.append(1) or original(*a))
+    q, k, v, g, beta = (x.float() for x in inputs(1, 20, 2, 2, 8, 8, seed=6))
+    lam = torch.ones(1, 20, 2, le.num_levels(20), device=q.device)
+    eager = le.ops.mix(q, k, v, g, beta, lam, form="triton", chunk_size=16)
+    assert not calls
+    compiled = torch.compile(lambda *a: le.ops.mix(*a, form="triton", chunk_size=16), backend="eager")
+    assert_close(compiled(q, k, v, g, beta, lam), eager, rtol=1e-5, what="compiled")
+    assert calls
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -132,11 +161,15 @@ def test_the_operator_runs_inside_vmap(loglinear):
     if loglinear:
         members.append((0.5 + torch.rand(3, 40, 2, le.num_levels(40), generator=torch.Generator().manual_seed(3))).to(q))
     stacked = [x[:, None].requires_grad_() for x in members]
-    mapped = torch.func.vmap(lambda *a: le.ops.mix(*a, form="triton", chunk_size=16))(*stacked)
+    if loglinear:  # the chunk scan on the operator, as a compiled call runs it
+        call = lambda q, k, v, g, beta, lam: scan_on_operator(16)(q, k, v, lam, g, beta)  # noqa: E731
+    else:
+        call = lambda *a: le.ops.mix(*a, form="triton", chunk_size=16)  # noqa: E731
+    mapped = torch.func.vmap(call)(*stacked)
     grads = torch.autograd.grad(mapped, stacked, torch.sin(mapped))
     for m in range(3):
         single = [x[m].detach().requires_grad_() for x in stacked]
-        out = le.ops.mix(*single, form="triton", chunk_size=16)
+        out = call(*single)
         assert_close(mapped[m], out, what=f"member {m}: o")
         for a, b in zip(grads, torch.autograd.grad(out, single, torch.sin(out))):
             assert_close(a[m], b, what=f"member {m}: a gradient")

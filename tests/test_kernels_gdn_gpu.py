@@ -49,14 +49,15 @@ def test_errors_against_float64(shape, dtype, precision):
 
 def test_delta_rule_takes_the_kernel_on_request_only():
     import loglin_edu as le
-    from loglin_edu.kernels import step10_delta_factors_op as kernel
+    from loglin_edu.kernels import step9_loglinear_gated_deltanet as kernel
 
     x = torch.nn.functional.normalize(torch.randn(1, 100, 2, 16, device="cuda"), dim=-1)
     g, beta = -torch.rand(1, 100, 2, device="cuda"), torch.rand(1, 100, 2, device="cuda")
     lam = torch.rand(1, 100, 2, 8, device="cuda")
-    run = lambda **form: le.loglinear_attention(x, x, x, lam, g, beta, **form)  # noqa: E731
-    assert not apply_calls(kernel, lambda: run(), "wy_factors_triton"), "form=None with beta took the Triton path"
-    assert apply_calls(kernel, lambda: run(form="triton"), "wy_factors_triton"), \
+    function = kernel.LogLinearGatedDeltaNet
+    assert not apply_calls(function, lambda: le.loglinear_attention(x, x, x, lam, g, beta)), \
+        "form=None with beta took the Triton path"
+    assert apply_calls(function, lambda: le.loglinear_attention(x, x, x, lam, g, beta, form="triton")), \
         "form='triton' with beta did not take the Triton path"
 
 
@@ -129,9 +130,10 @@ def test_the_wy_solve_of_16_bit_inputs_is_far_finer_than_their_rounding(dtype):
                          ids=["mqar-widths", "odd-widths", "wide-heads"])
 @pytest.mark.parametrize("loglinear", [False, True], ids=["gated-deltanet", "loglinear"])
 def test_gated_deltanet_triton_form_against_float64(shape, loglinear):
-    """(Log-linear) Gated DeltaNet's Triton form (the chunkwise form or the chunk scan with step 10's WY factors) on
-    fp32 inputs against the float64 PyTorch form: products in tf32x3 within 1e-5 on o and every gradient, in TF32
-    (PyTorch's ``allow_tf32``) within 5e-3, the bound of the PyTorch forms' own TF32 products."""
+    """Gated DeltaNet's Triton form (the chunkwise form with step 10's WY factors), and the chunk scan on the same
+    factors that log-linear Gated DeltaNet's Triton form runs inside ``torch.compile``, on fp32 inputs against the
+    float64 PyTorch forms: products in tf32x3 within 1e-5 on o and every gradient, in TF32 (PyTorch's
+    ``allow_tf32``) within 5e-3, the bound of the PyTorch forms' own TF32 products."""
     import loglin_edu as le
     from loglin_edu.fenwick import num_levels
 
@@ -144,7 +146,14 @@ def test_gated_deltanet_triton_form_against_float64(shape, loglinear):
     if loglinear:
         args.insert(3, 0.5 + torch.rand(B, T, H, num_levels(T), device="cuda", generator=gen))
     weights = torch.randn(B, T, H, V, device="cuda", generator=gen)
-    operator = le.loglinear_attention if loglinear else le.gated_deltanet_attention
+    def operator(q, k, v, *rest, form):
+        if not loglinear:
+            return le.gated_deltanet_attention(q, k, v, *rest, form=form)
+        if form == "chunkwise":
+            return le.loglinear_attention(q, k, v, *rest, form=form)
+        lam, g, beta = (x.transpose(1, 2) for x in rest)
+        heads = [x.transpose(1, 2) for x in (q, k, v)]
+        return le.ops.loglinear_delta_rule_triton(*heads, lam, g, beta, 64, False).transpose(1, 2)
 
     def run(dtype, form):
         xs = [a.to(dtype).requires_grad_() for a in args]
