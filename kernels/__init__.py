@@ -35,7 +35,9 @@ The delta rule (log-linear Gated DeltaNet) climbs the same ladder from step 6, i
 9. :mod:`~loglin_edu.kernels.step9_loglinear_gated_deltanet` — the ``torch.autograd.Function`` behind
    ``loglinear_attention(..., beta=..., form="triton")``, with a vmap rule.
 10. :mod:`~loglin_edu.kernels.step10_delta_factors_op` — step 6's WY factors as one PyTorch custom operator with a
-    backward kernel of the same shape, for the chunkwise forms: ``gated_deltanet_attention(..., form="triton")``.
+    backward kernel of the same shape, for the chunkwise forms: ``gated_deltanet_attention(..., form="triton")``,
+    and log-linear Gated DeltaNet's chunk scan where ``torch.compile`` traces its Triton form (step 9's Function
+    would split the graph).
 
 Decoding: :mod:`~loglin_edu.kernels.decode_step` — one token of log-linear Mamba-2 for a batch in one launch
 (the decay and the read of every Fenwick level, the token's own level 0 read from it, and the binary-counter

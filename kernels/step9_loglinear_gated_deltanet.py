@@ -1,4 +1,7 @@
-"""Step 9 — the autograd Function behind ``loglinear_attention(..., beta=..., form="triton")``.
+"""Step 9 — the autograd Function behind ``loglinear_attention(..., beta=..., form="triton")`` called eagerly.
+
+(``torch.compile`` cannot keep an ``autograd.Function`` in one graph; inside it the Triton form is the chunk scan on
+step 10's operator, :func:`loglin_edu.ops.loglinear_delta_rule_triton`.)
 
 :class:`LogLinearGatedDeltaNet` runs steps 6-7 forward and step 8 backward; :func:`loglinear_gated_deltanet`
 takes any shapes:

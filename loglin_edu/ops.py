@@ -220,7 +220,9 @@ def loglinear_delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     :func:`delta_rule_triton`, the levels and the states carried across chunks by PyTorch, all of it one compiled
     graph. Called eagerly it would pay a set of launches per chunk and, at long ``T``, take many times as long as
     the whole-operator kernels (:mod:`loglin_edu.kernels.step9_loglinear_gated_deltanet`), which eager calls take
-    instead (:func:`mix`). The operator returns no ``T_β``, so the decoding state is built from its definition
+    instead (:func:`mix`). Its products follow ``torch.backends.cuda.matmul.allow_tf32``, as the operator's do, where the
+    whole-operator kernels multiply fp32 in tf32x3 at least: with TF32 set, a compiled step and an eager one differ
+    by TF32's rounding. The operator returns no ``T_β``, so the decoding state is built from its definition
     (:func:`~loglin_edu.state.prefix_state`, float32). chunk_size is raised to 16 if smaller."""
     from .kernels.step10_delta_factors_op import wy_factors_triton
 
