@@ -102,12 +102,14 @@ def forms(loglinear: bool = False, beta: bool = False) -> tuple[str, ...]:
 def kernel_by_default(loglinear: bool, beta: bool) -> bool:
     """Whether CUDA calls take the Triton form when none is asked for: log-linear Mamba-2 (no delta rule).
 
-    The delta rule's Triton forms (the WY-factor operator of step 10 inside the PyTorch chunk forms) are taken on
-    request only (``form="triton"``, ``backend="triton"``): they are measured faster than the PyTorch forms only in
-    the compiled training step of chapter 11, and they run the states and levels across chunks as a Python loop,
-    one set of launches per chunk, which an uncompiled call at long ``T`` pays for. So is Mamba-2's kernel (step 1,
-    one walk over the chunks per head): fast where a batch has many short sequences, as in training on recall
-    tasks, latency-bound at long ``T`` with few heads.
+    The delta rule's Triton forms are taken on request only (``form="triton"``, ``backend="triton"``). Log-linear
+    Gated DeltaNet's whole-operator kernels (steps 6-9, its eager calls): on an H200 their forward and backward take
+    about five times as long as the decay-only kernels at identical shapes, for about five times the counted work
+    (chapter 9), and no measurement here says at which shapes they beat the chunkwise form. The WY-factor operator
+    of step 10 inside the PyTorch chunk forms (Gated DeltaNet; log-linear Gated DeltaNet inside ``torch.compile``):
+    measured faster than the PyTorch forms only in the compiled training step of chapter 11. So is Mamba-2's kernel
+    (step 1, one walk over the chunks per head): fast where a batch has many short sequences, as in training on
+    recall tasks, latency-bound at long ``T`` with few heads.
     """
     return loglinear and not beta
 
@@ -220,9 +222,11 @@ def loglinear_delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     :func:`delta_rule_triton`, the levels and the states carried across chunks by PyTorch, all of it one compiled
     graph. Called eagerly it would pay a set of launches per chunk and, at long ``T``, take many times as long as
     the whole-operator kernels (:mod:`loglin_edu.kernels.step9_loglinear_gated_deltanet`), which eager calls take
-    instead (:func:`mix`). Its products follow ``torch.backends.cuda.matmul.allow_tf32``, as the operator's do, where the
-    whole-operator kernels multiply fp32 in tf32x3 at least: with TF32 set, a compiled step and an eager one differ
-    by TF32's rounding. The operator returns no ``T_β``, so the decoding state is built from its definition
+    instead (:func:`mix`). Compiled, it suits many short sequences, as in training on recall tasks (chapter 11):
+    its graph unrolls the loop over chunks, so compiling takes longer and the graph grows with ``T / C``, and at
+    long ``T`` the whole-operator kernels called eagerly remain several times faster than it. Its products follow ``torch.backends.cuda.matmul.allow_tf32``, the factors' and the solve's
+    included, where the whole-operator kernels keep those of fp32 inputs in tf32x3: with TF32 set, a compiled step and
+    an eager one differ by TF32's rounding. The operator returns no ``T_β``, so the decoding state is built from its definition
     (:func:`~loglin_edu.state.prefix_state`, float32). chunk_size is raised to 16 if smaller."""
     from .kernels.step10_delta_factors_op import wy_factors_triton
 

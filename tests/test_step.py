@@ -142,8 +142,8 @@ def test_the_kernel_step_trains_as_the_pytorch_step(tmp_path, name):
 def test_a_captured_tf32_kernel_step_equals_the_eager_one(tmp_path, name):
     """The fastest step of chapter 11's benchmark — the kernels, TF32 products, compiled and captured — trains as
     the same step run eagerly. Not log-linear Gated DeltaNet: its eager step runs other kernels than its compiled
-    one (:func:`loglin_edu.ops.mix`), whose fp32 products are never TF32; its compiled form is checked against
-    float64 in ``test_kernels_gdn_gpu.py``."""
+    one (:func:`loglin_edu.ops.mix`), which keep each chunk's factors and solve in tf32x3; its compiled form is
+    checked against float64 in ``test_kernels_gdn_gpu.py``."""
     torch.backends.cuda.matmul.allow_tf32 = False
     eager = trained(name, tmp_path, "eager", device="cuda", backend="triton", tf32=True)
     captured = trained(name, tmp_path, "captured", device="cuda", backend="triton", tf32=True, graphs=True,
