@@ -1,7 +1,8 @@
 """Step 10, the WY factors of the delta rule as one operator, on the CPU under Triton's interpreter.
 
-Against :func:`loglin_edu.chunking.wy_factors` in float64 (the factors and every gradient), then (log-linear) Gated DeltaNet's ``form="triton"`` against its PyTorch
-form, inside vmap, ``torch.library.opcheck`` and one compiled graph.
+Against :func:`loglin_edu.chunking.wy_factors` in float64 (the factors and every gradient), then Gated DeltaNet's
+``form="triton"`` and the chunk scan on the operator (log-linear Gated DeltaNet's Triton form inside
+``torch.compile``) against their PyTorch forms, inside vmap, ``torch.library.opcheck`` and one compiled graph.
 """
 
 import pytest
