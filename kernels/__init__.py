@@ -38,6 +38,8 @@ The delta rule (log-linear Gated DeltaNet) climbs the same ladder from step 6, i
     backward kernel of the same shape, for the chunkwise forms: ``gated_deltanet_attention(..., form="triton")``,
     and log-linear Gated DeltaNet's chunk scan where ``torch.compile`` traces its Triton form (step 9's Function
     would split the graph).
+11. :mod:`~loglin_edu.kernels.step11_level_intra_op` — that chunk scan's intra-chunk product ``(P ⊙ Λ) V`` as one
+    custom operator, ``Λ`` built in registers as in step 2, and its backward (``dP``, ``dλ``, ``dV``) in one kernel.
 
 Decoding: :mod:`~loglin_edu.kernels.decode_step` — one token of log-linear Mamba-2 for a batch in one launch
 (the decay and the read of every Fenwick level, the token's own level 0 read from it, and the binary-counter

@@ -109,14 +109,16 @@ def fold_into_batch(x: torch.Tensor | None, dim: int | None, size: int) -> torch
 
 def fold_members(op, tensors: int):
     """A vmap rule for ``op``: its first ``tensors`` arguments ``[M, B, ...]`` -> ``[M·B, ...]`` (unmapped ones
-    expanded, :func:`fold_into_batch`), one call, every output ``[M·B, ...]`` -> ``[M, B, ...]`` (an
-    empty one stays unmapped). Every sequence is independent, so the kernels run once for all members of a
+    expanded, :func:`fold_into_batch`), one call, its output (one tensor or a tuple) ``[M·B, ...]`` -> ``[M, B, ...]``
+    (an empty one stays unmapped). Every sequence is independent, so the kernels run once for all members of a
     training ensemble."""
 
     def rule(info, in_dims, *args):
         M = info.batch_size
         folded = [fold_into_batch(x, d, M) for x, d in zip(args[:tensors], in_dims[:tensors])]
         outputs = op(*folded, *args[tensors:])
+        if isinstance(outputs, torch.Tensor):
+            return outputs.unflatten(0, (M, -1)), 0
         return (tuple(x.unflatten(0, (M, -1)) if x.numel() else x for x in outputs),
                 tuple(0 if x.numel() else None for x in outputs))
 

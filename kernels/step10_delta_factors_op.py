@@ -248,5 +248,5 @@ def wy_factors_triton(qc: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, beta
                          f"chunk_size={C}, K={qc.shape[-1]}")
     wide = torch.promote_types(qc.dtype, torch.float32)
     flat = [x.to(wide).flatten(2, 3) for x in (qc, kc, vc)]  # [B, H, N·C, D]: the padded tokens are zeros
-    factors = delta_factors(*flat, beta.to(wide), g_cum.to(wide), factor_precision(wide))[:4]
+    factors = delta_factors(*flat, beta.to(wide).contiguous(), g_cum.to(wide).contiguous(), factor_precision(wide))[:4]
     return (*(x.to(qc.dtype) for x in factors), None)

@@ -56,6 +56,7 @@ def chunk_scan(
     chunk_size: int = 64,
     return_state: bool = False,
     factors=wy_factors,
+    intra_product=None,
 ) -> torch.Tensor | tuple[torch.Tensor, FenwickState]:
     """Log-linear attention by chunk scan (module docstring), heads-first.
 
@@ -63,7 +64,9 @@ def chunk_scan(
     ``[B, H, T]`` or None. Returns ``[B, H, T, V]``; with ``return_state=True`` also the decoding state
     after the ``T`` tokens (a :class:`~loglin_edu.state.FenwickState` of ``[B, H, K, V]`` levels). factors: how the
     delta rule's WY factors are computed (:func:`~loglin_edu.chunking.chunk_terms`); the decoding state needs
-    factors that return ``T_β``.
+    factors that return ``T_β``. intra_product: how every chunk's ``(A ⊙ M^S ⊙ Λ) V`` is computed from the chunk
+    blocks ``[B, H, N, C, C]``, the chunked level scales ``[B, H, N, C, L]`` and values ``[B, H, N, C, V]``; None:
+    by PyTorch (:func:`intra_chunk_scales`).
     """
     T = q.shape[2]
     inner = chunk_size.bit_length() - 1  # log2 C
@@ -71,7 +74,11 @@ def chunk_scan(
     lam = pad_time(level_scales, max(n_levels, level_scales.shape[-1]), dim=3)  # padded tokens use high levels
     lam = split_chunks(lam, chunk_size)  # [B, H, N, C, L]
     terms = chunk_terms(q, k, v, log_decay, beta, chunk_size, factors)
-    out = (terms.intra * intra_chunk_scales(lam, chunk_size)) @ split_chunks(v, chunk_size)
+    values = split_chunks(v, chunk_size)
+    if intra_product is None:
+        out = (terms.intra * intra_chunk_scales(lam, chunk_size)) @ values
+    else:
+        out = intra_product(terms.intra, lam, values)
 
     levels: dict[int, torch.Tensor] = {}  # chunk level m >= 1 -> its state at the current chunk's start
     from_levels = []
