@@ -106,8 +106,9 @@ def kernel_by_default(loglinear: bool, beta: bool) -> bool:
     Gated DeltaNet's whole-operator kernels (steps 6-9, its eager calls): on an H200 their forward and backward take
     about five times as long as the decay-only kernels at identical shapes, for about five times the counted work
     (chapter 9), and no measurement here says at which shapes they beat the chunkwise form. The WY-factor operator
-    of step 10 inside the PyTorch chunk forms (Gated DeltaNet; log-linear Gated DeltaNet inside ``torch.compile``):
-    measured faster than the PyTorch forms only in the compiled training step of chapter 11. So is Mamba-2's kernel
+    of step 10 inside the PyTorch chunk forms (Gated DeltaNet; log-linear Gated DeltaNet inside ``torch.compile``, with
+    step 11's level operator): measured faster than the PyTorch forms only in the compiled training step of
+    chapter 11. So is Mamba-2's kernel
     (step 1, one walk over the chunks per head): fast where a batch has many short sequences, as in training on
     recall tasks, latency-bound at long ``T`` with few heads.
     """
