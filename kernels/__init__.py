@@ -57,9 +57,18 @@ import os
 
 from .config import DeltaLaunchConfig, LaunchConfig, LinearLaunchConfig
 
-__all__ = ["DeltaLaunchConfig", "LaunchConfig", "LinearLaunchConfig", "interpreted"]
+__all__ = ["DeltaLaunchConfig", "LaunchConfig", "LinearLaunchConfig", "check_device", "interpreted"]
 
 
 def interpreted() -> bool:
     """Whether the kernels run under Triton's CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def check_device(x) -> None:
+    """Raise unless the kernels can run on ``x`` (a tensor): it is on a GPU, or triton is in interpreter mode."""
+    if not x.is_cuda and not interpreted():
+        raise RuntimeError(
+            "the Triton kernels got CPU tensors but triton is not in interpreter mode: set TRITON_INTERPRET=1 in the "
+            "environment before triton is first imported (os.environ['TRITON_INTERPRET'] = '1')"
+        )

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import interpreted
+from . import check_device, interpreted
 from .config import block
 from .inputs import fold_members, last_dim_contiguous, same_strides
 from .step6_delta_chunks import delta_chunk_kernel
@@ -237,11 +237,7 @@ def wy_factors_triton(qc: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, beta
     the chunk terms carry no write keys. 16-bit inputs are computed in fp32 and the factors rounded to their type
     once, for the rest of the form, which runs in it.
     """
-    if not qc.is_cuda and not interpreted():
-        raise RuntimeError(
-            "the Triton kernels got CPU tensors but triton is not in interpreter mode: set TRITON_INTERPRET=1 in the "
-            "environment before triton is first imported (os.environ['TRITON_INTERPRET'] = '1')"
-        )
+    check_device(qc)
     C = qc.shape[3]
     if C < 16 or C & (C - 1) or qc.shape[-1] > 256:
         raise ValueError(f"the WY-factor kernels take chunk sizes that are powers of two >= 16 and K <= 256, got "

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import interpreted
+from . import check_device
 from .config import block
 from .inputs import fold_members, last_dim_contiguous
 from .step10_delta_factors_op import factor_precision
@@ -43,7 +43,8 @@ def chunk_start(ptr, i_b, i_h, i_c, stride_b, stride_h, stride_n):
 
 @triton.jit
 def level_intra_kernel(p_ptr, lam_ptr, v_ptr, o_ptr, V, L, spb, sph, spn, spc, slb, slh, sln, slc,
-                       svb, svh, svn, svc, C: tl.constexpr, C_LOG: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, IP: tl.constexpr):
+                       svb, svh, svn, svc,
+                       C: tl.constexpr, C_LOG: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, IP: tl.constexpr):
     """Grid ``(N, H, B)``: ``o = (P ⊙ Λ) V`` of one chunk. P: ``[B, H, N, C, C]``; lam: ``[B, H, N, C, L]``; v:
     ``[B, H, N, C, V]`` (any strides, each last dimension contiguous); o: ``[B, H, N, C, V]``, contiguous."""
     i_c, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -102,7 +103,7 @@ def chunk_strides(*tensors: torch.Tensor) -> list[int]:
     return [s for x in tensors for s in x.stride()[:4]]
 
 
-def tiles(V: int) -> tuple[int, int]:
+def value_tiling(V: int) -> tuple[int, int]:
     """``(BV, NV)``: the value tile and how many cover ``V``."""
     BV = min(block(V), VALUE_TILE)
     return BV, -(-V // BV)
@@ -117,9 +118,10 @@ def level_intra_kernels(intra: torch.Tensor, level_scales: torch.Tensor, v: torc
     L, V = level_scales.shape[-1], v.shape[-1]
     intra, level_scales, v = (last_dim_contiguous(x) for x in (intra, level_scales, v))
     out = v.new_empty(B, H, N, C, V)
-    BV, NV = tiles(V)
+    BV, NV = value_tiling(V)
     level_intra_kernel[(N, H, B)](
-        intra, level_scales, v, out, V, L, *chunk_strides(intra, level_scales, v), C=C, C_LOG=C.bit_length() - 1, BV=BV, NV=NV, IP=precision,
+        intra, level_scales, v, out, V, L, *chunk_strides(intra, level_scales, v),
+        C=C, C_LOG=C.bit_length() - 1, BV=BV, NV=NV, IP=precision,
     )
     return out
 
@@ -142,10 +144,12 @@ def level_intra_product_backward(intra: torch.Tensor, level_scales: torch.Tensor
     B, H, N, C, _ = intra.shape
     L, V = level_scales.shape[-1], v.shape[-1]
     intra, level_scales, v, d_out = (last_dim_contiguous(x) for x in (intra, level_scales, v, d_out))
-    d_intra, d_scales, dv = intra.new_empty(intra.shape), level_scales.new_empty(level_scales.shape), v.new_empty(v.shape)
-    BV, NV = tiles(V)
+    d_intra, d_scales = intra.new_empty(intra.shape), level_scales.new_empty(level_scales.shape)
+    dv = v.new_empty(v.shape)
+    BV, NV = value_tiling(V)
     level_intra_bwd_kernel[(N, H, B)](
-        intra, level_scales, v, d_out, d_intra, d_scales, dv, V, L, *chunk_strides(intra, level_scales, v, d_out), C=C, C_LOG=C.bit_length() - 1, BV=BV, NV=NV, IP=precision,
+        intra, level_scales, v, d_out, d_intra, d_scales, dv, V, L, *chunk_strides(intra, level_scales, v, d_out),
+        C=C, C_LOG=C.bit_length() - 1, BV=BV, NV=NV, IP=precision,
     )
     return d_intra, d_scales, dv
 
@@ -176,11 +180,7 @@ def level_intra_triton(intra: torch.Tensor, level_scales: torch.Tensor, v: torch
     intra: ``[B, H, N, C, C]``; level_scales: ``[B, H, N, C, L]`` (``L > log2 C``); v: ``[B, H, N, C, V]``.
     Returns ``[B, H, N, C, V]`` in intra's dtype; 16-bit inputs are multiplied in fp32 and the result rounded once.
     """
-    if not intra.is_cuda and not interpreted():
-        raise RuntimeError(
-            "the Triton kernels got CPU tensors but triton is not in interpreter mode: set TRITON_INTERPRET=1 in the "
-            "environment before triton is first imported (os.environ['TRITON_INTERPRET'] = '1')"
-        )
+    check_device(intra)
     C = intra.shape[-1]
     if C < 16 or C & (C - 1) or level_scales.shape[-1] < C.bit_length():
         raise ValueError(f"the intra-chunk kernels take chunk sizes that are powers of two >= 16 and at least "

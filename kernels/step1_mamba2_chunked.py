@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import interpreted
+from . import check_device
 from .config import MAX_BLOCK, accumulator_dtype, dot_precision, head_block, partial_dtype
 from .inputs import chunk_decay, fold_members, last_dim_contiguous, reverse_cumsum, same_strides
 from .tiles import decay_matrix, load_qk_scores, load_tile, store_tile
@@ -262,11 +262,7 @@ def mamba2_triton(q, k, v, log_decay=None, chunk_size: int = 64) -> torch.Tensor
     ``[B, T, H]`` or None -> ``[B, T, H, V]``. chunk_size: a power of two, raised to 16 (the smallest ``tl.dot``
     tile); the result does not depend on it. Keys wider than 128 are split: ``o`` is a sum over key blocks.
     Inputs are assumed checked (``mamba2_attention`` does)."""
-    if not q.is_cuda and not interpreted():
-        raise RuntimeError(
-            "the Triton kernels got CPU tensors but triton is not in interpreter mode: set TRITON_INTERPRET=1 in the "
-            "environment before triton is first imported (os.environ['TRITON_INTERPRET'] = '1')"
-        )
+    check_device(q)
     chunk_size = max(chunk_size, 16)
     K = q.shape[-1]
     parts = [

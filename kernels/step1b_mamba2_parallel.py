@@ -93,7 +93,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import interpreted
+from . import check_device
 from .config import MAX_BLOCK, LinearLaunchConfig, accumulator_dtype, dot_precision, head_block, partial_dtype
 from .inputs import chunk_decay, last_dim_contiguous, reverse_cumsum, same_strides
 from .tiles import decay_matrix, load_qk_scores, load_tile, split16, store_tile
@@ -571,9 +571,7 @@ def mamba2_triton_parallel(q, k, v, log_decay=None, chunk_size: int = 64,
     chunk_size: a power of two, raised to 16 (the smallest ``tl.dot`` tile); config: the launch knobs
     (:class:`~loglin_edu.kernels.config.LinearLaunchConfig`). The result depends on neither. Keys wider than 128
     are split (``o`` is a sum over key blocks), values wider than 128 too (``o`` is their concatenation)."""
-    if not q.is_cuda and not interpreted():
-        raise RuntimeError("the Triton kernels got CPU tensors but triton is not in interpreter mode: set "
-                           "TRITON_INTERPRET=1 in the environment before triton is first imported")
+    check_device(q)
     chunk_size = max(chunk_size, 16)
     config = config or LinearLaunchConfig()
     K, V = q.shape[-1], v.shape[-1]

@@ -23,7 +23,7 @@ from functools import cache
 
 import torch
 
-from . import interpreted
+from . import check_device
 from .config import MAX_BLOCK, LaunchConfig, accumulator_dtype, head_block, state_dtype
 from .inputs import chunk_decay, fold_members, kernel_layout, last_dim_contiguous
 from .step3_chunk_tree import FenwickTree, loglinear_forward
@@ -147,11 +147,7 @@ def loglinear_mamba2(q, k, v, level_scales, log_decay=None, chunk_size: int = 64
     :data:`NARROW_CONFIG` for 16 × 16 head tiles, :data:`CONFIG` otherwise; the result depends on neither.
     Returns ``[B, T, H, V]``. Inputs are assumed checked (``loglinear_attention`` does).
     """
-    if not q.is_cuda and not interpreted():
-        raise RuntimeError(
-            "the Triton kernels got CPU tensors but triton is not in interpreter mode: set TRITON_INTERPRET=1 in the "
-            "environment before triton is first imported (os.environ['TRITON_INTERPRET'] = '1')"
-        )
+    check_device(q)
     chunk_size = max(chunk_size, 16)
     K, V = q.shape[-1], v.shape[-1]
     narrow = head_block(K, q.dtype) * head_block(V, q.dtype) <= 256

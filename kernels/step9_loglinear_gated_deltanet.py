@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from . import interpreted
+from . import check_device
 from .config import DeltaLaunchConfig
 from .inputs import fold_into_batch, kernel_layout, last_dim_contiguous
 from .step6_delta_chunks import DeltaChunks
@@ -97,11 +97,7 @@ def loglinear_gated_deltanet(q, k, v, level_scales, log_decay, beta, chunk_size:
     ``tl.dot`` tile) if smaller; the result does not depend on it. Returns ``[B, T, H, V]``. Inputs are
     assumed checked (``loglinear_attention`` does).
     """
-    if not q.is_cuda and not interpreted():
-        raise RuntimeError(
-            "the Triton kernels got CPU tensors but triton is not in interpreter mode: set TRITON_INTERPRET=1 in the "
-            "environment before triton is first imported (os.environ['TRITON_INTERPRET'] = '1')"
-        )
+    check_device(q)
     config = config or CONFIG
     if q.shape[-1] > 2 * config.key_tile:
         raise ValueError(f"the delta-rule kernels hold K <= {2 * config.key_tile} key columns (two tiles of "

@@ -217,14 +217,15 @@ def delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_dec
 
 
 def loglinear_delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, level_scales: torch.Tensor,
-                                log_decay: torch.Tensor | None, beta: torch.Tensor, chunk_size: int, return_state: bool):
+                                log_decay: torch.Tensor | None, beta: torch.Tensor, chunk_size: int,
+                                return_state: bool):
     """Log-linear Gated DeltaNet's Triton form inside ``torch.compile``, heads-first (shapes as
     :func:`~loglin_edu.chunk_scan.chunk_scan`): the chunk scan with every chunk's WY factors by the operator of
     :func:`delta_rule_triton` and its intra-chunk product ``(P ⊙ Λ) V`` by a second one
     (:mod:`loglin_edu.kernels.step11_level_intra_op`), the levels and the states carried across chunks by PyTorch,
-    all of it one compiled graph. Called eagerly it would pay a set of launches per chunk and, at long ``T``, take many times as long as
-    the whole-operator kernels (:mod:`loglin_edu.kernels.step9_loglinear_gated_deltanet`), which eager calls take
-    instead (:func:`mix`). Compiled, it suits many short sequences, as in training on recall tasks (chapter 11):
+    all of it one compiled graph. Called eagerly it would pay a set of launches per chunk and, at long ``T``, take
+    many times as long as the whole-operator kernels (:mod:`loglin_edu.kernels.step9_loglinear_gated_deltanet`),
+    which eager calls take instead (:func:`mix`). Compiled, it suits many short sequences, as in training on recall tasks (chapter 11):
     its graph unrolls the loop over chunks, so compiling takes longer and the graph grows with ``T / C``, and at
     long ``T`` the whole-operator kernels called eagerly remain several times faster than it.
 

@@ -89,8 +89,8 @@ def test_gated_deltanet_triton_form_is_the_chunkwise_form(B, T, H, Hk, decay, C)
     assert_close(state, ref_state, what="state after T tokens")
 
 
-@pytest.mark.parametrize("B, T, H, Hk, decay, C", [(2, 50, 2, 2, True, 16), (1, 37, 3, 1, True, 8), (2, 20, 2, 2, False, 32),
-                                                   (1, 96, 2, 2, True, 16)],
+@pytest.mark.parametrize("B, T, H, Hk, decay, C", [(2, 50, 2, 2, True, 16), (1, 37, 3, 1, True, 8),
+                                                   (2, 20, 2, 2, False, 32), (1, 96, 2, 2, True, 16)],
                          ids=["per-head", "shared-qk-chunk-8", "no-decay", "three-chunk-levels"])
 def test_loglinear_gated_deltanet_chunk_scan_on_the_operator_is_the_chunkwise_form(B, T, H, Hk, decay, C):
     """What log-linear Gated DeltaNet's Triton form runs inside ``torch.compile`` (:func:`~loglin_edu.ops.mix`): the
@@ -160,7 +160,8 @@ def test_the_operator_runs_inside_vmap(loglinear):
     q, k, v, g, beta = inputs(3, 40, 2, 2, 8, 8, seed=12)  # 3 members of batch 1
     members = [q, k, v, g, beta]
     if loglinear:
-        members.append((0.5 + torch.rand(3, 40, 2, le.num_levels(40), generator=torch.Generator().manual_seed(3))).to(q))
+        lam = 0.5 + torch.rand(3, 40, 2, le.num_levels(40), generator=torch.Generator().manual_seed(3))
+        members.append(lam.to(q))
     stacked = [x[:, None].requires_grad_() for x in members]
     if loglinear:  # the chunk scan on the operator, as a compiled call runs it
         call = lambda q, k, v, g, beta, lam: scan_on_operator(16)(q, k, v, lam, g, beta)  # noqa: E731

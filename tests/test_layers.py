@@ -368,6 +368,22 @@ def test_ensemble_runs_each_member_exactly(name):
             assert_close(grads[n], p.grad, what=f"{name} member {i} grad of {n}")
 
 
+def test_members_take_their_gradients_without_a_copy_each():
+    """A stacked weight's gradient comes back contiguous, so autograd hands each member its slice instead of copying
+    it (Gated DeltaNet's weight gradients come out of their products transposed: a copy per member and weight)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    config = ModelConfig("gated_deltanet", vocab_size=32, d_model=D, max_len=32, mixer_options=dict(chunk_size=16))
+    ensemble = Ensemble([build_model(config, seed=s) for s in (0, 1)])
+    tokens = torch.randint(0, 32, (2, 2, 32), generator=torch.Generator().manual_seed(0))
+    with profile(activities=[ProfilerActivity.CPU]) as recorded:
+        ensemble(tokens).square().mean().backward()
+    copies = [e for e in recorded.events() if e.name == "aten::copy_" and e.cpu_parent is not None
+              and "AccumulateGrad" in e.cpu_parent.name]
+    assert not copies
+    assert all(p.grad is not None for p in ensemble.parameters())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(MIXERS))
 def test_ensemble_on_cuda_matches_float64_on_cpu(name):

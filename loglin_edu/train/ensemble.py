@@ -6,10 +6,10 @@ optimiser state and data order.
 
 The gradient of a stacked weight reaches the members as its ``M`` slices. A slice is handed to the member's
 parameter as it is only if it is laid out as the parameter is (contiguous); otherwise autograd copies it, one
-small copy per member and weight: hundreds of launches a step for two layers of Gated DeltaNet in a dozen
-members, whose weight gradients come out of their matrix products transposed. So the stacked weight's gradient is
-made contiguous first (:class:`ContiguousGradient`): one copy per weight for all members, which ``torch.compile``
-fuses into the kernel that writes the gradient.
+small copy per member and weight: about two hundred launches a step for two layers of Gated DeltaNet in a
+dozen members, whose weight gradients come out of their matrix products transposed. So the stacked weight's
+gradient is made contiguous first (:class:`ContiguousGradient`): one copy per weight for all members, which
+``torch.compile`` fuses into the kernel that writes the gradient.
 """
 
 from __future__ import annotations
