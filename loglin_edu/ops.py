@@ -93,8 +93,8 @@ def kernels_available() -> bool:
     return TRITON_FOUND
 
 
-def forms(loglinear: bool = False, beta: bool = False) -> tuple[str, ...]:
-    """The forms an operator offers in this installation: :data:`REFERENCE_FORMS`, and ``"triton"`` where triton
+def forms() -> tuple[str, ...]:
+    """The forms every operator offers in this installation: :data:`REFERENCE_FORMS`, and ``"triton"`` where triton
     can be imported (every variant has one)."""
     return REFERENCE_FORMS + ((KERNEL_FORM,) if kernels_available() else ())
 
@@ -130,7 +130,7 @@ def layer_backend(requested: str, kernel: bool) -> str:
 def default_form(x: torch.Tensor, loglinear: bool, beta: bool) -> str:
     """``"triton"`` for CUDA tensors of fp32/fp16/bf16 when :func:`kernel_by_default`, else ``"chunkwise"``."""
     fast = x.is_cuda and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
-    usable = kernel_by_default(loglinear, beta) and KERNEL_FORM in forms(loglinear, beta)
+    usable = kernel_by_default(loglinear, beta) and KERNEL_FORM in forms()
     return KERNEL_FORM if fast and usable else "chunkwise"
 
 
@@ -145,7 +145,7 @@ def resolve_backend(backend: str, x: torch.Tensor, loglinear: bool, beta: bool) 
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "torch":
         return "torch"
-    usable = KERNEL_FORM in forms(loglinear, beta)
+    usable = KERNEL_FORM in forms()
     if backend == "auto":
         return "triton" if usable and x.is_cuda and kernel_by_default(loglinear, beta) else "torch"
     if not usable:
@@ -269,9 +269,9 @@ def _checked(q, k, v, level_scales, log_decay, beta, form, chunk_size):
     loglinear, delta = level_scales is not None, beta is not None
     if form is None:
         form = default_form(q, loglinear, delta)
-    if form == KERNEL_FORM and KERNEL_FORM not in forms(loglinear, delta):
+    if form == KERNEL_FORM and KERNEL_FORM not in forms():
         raise ValueError(f"form='triton' is not available here (triton is not installed); use one of {REFERENCE_FORMS}")
-    check_form(form, forms(loglinear, delta))
+    check_form(form, forms())
     check_chunk_size(chunk_size)
     return form
 

@@ -532,10 +532,18 @@ def test_fp32_calls_keep_narrow_tiles_and_multiply_as_torch_matmul_does():
 
 
 def test_triton_form_is_offered_for_every_model():
-    """The registry offers "triton" for every linear model and its log-linear version; on the CPU a call without a
-    form takes the chunkwise one."""
-    q, k, v, lam, g = (x.float() for x in inputs(1, 8, 2, 2, 4, 4))
-    assert all("triton" in le.ops.forms(loglinear, beta) for loglinear in (False, True) for beta in (False, True))
+    """Every linear model and its log-linear version takes ``form="triton"`` and computes what its chunkwise form
+    does; on the CPU a call without a form takes the chunkwise one."""
+    q, k, v, lam, g = (x.float() for x in inputs(1, 16, 2, 2, 4, 4))
+    beta = torch.rand(g.shape, generator=torch.Generator().manual_seed(3)).to(g)
+    assert "triton" in le.ops.forms()
+    calls = {"Mamba-2": lambda form: le.mamba2_attention(q, k, v, g, form=form, chunk_size=16),
+             "Gated DeltaNet": lambda form: le.gated_deltanet_attention(q, k, v, g, beta, form=form, chunk_size=16),
+             "log-linear Mamba-2": lambda form: le.loglinear_attention(q, k, v, lam, g, form=form, chunk_size=16),
+             "log-linear Gated DeltaNet": lambda form: le.loglinear_attention(q, k, v, lam, g, beta, form=form,
+                                                                              chunk_size=16)}
+    for name, call in calls.items():
+        assert_close(call("triton"), call("chunkwise"), rtol=1e-5, what=name)
     assert le.loglinear_attention(q, k, v, lam, g).shape == v.shape  # form=None: chunkwise on the CPU
 
 

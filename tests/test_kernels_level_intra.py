@@ -1,7 +1,7 @@
 """Step 11, the intra-chunk product ``(P ⊙ Λ) V`` as one operator, on the CPU under Triton's interpreter.
 
 Against the chunk scan's PyTorch expression (:func:`loglin_edu.chunk_scan.intra_chunk_scales`) in float64, the
-product and every gradient; strided views and reads that stay inside their tensors; vmap and
+product and every gradient; 16-bit inputs; strided views and reads that stay inside their tensors; vmap and
 ``torch.library.opcheck``. The chunk scan that uses it is checked whole in ``test_kernels_delta_factors.py``.
 """
 
@@ -57,6 +57,20 @@ def test_float32_inputs_give_float32_outputs_near_float64():
     assert_close(out.double(), ref, rtol=1e-5, what="(P ⊙ Λ) V")
     for name, a, b in zip(("dP", "dλ", "dv"), grads, ref_grads):
         assert_close(a.double(), b, rtol=1e-5, what=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_inputs_give_16_bit_outputs_rounded_once(dtype):
+    """16-bit inputs are multiplied in fp32 and the product and gradients rounded once to the inputs' type: within
+    one unit of that type's rounding (in norm) of the float64 result for the same rounded inputs."""
+    args = [x.to(dtype) for x in inputs(1, 2, 2, 32, 8, 40, seed=2)]
+    out, grads = grads_of(step11.level_intra_triton, args)
+    ref, ref_grads = grads_of(by_pytorch, [x.double() for x in args])
+    rtol = torch.finfo(dtype).eps
+    assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
+    assert_close(out.double(), ref, rtol=rtol, what="(P ⊙ Λ) V")
+    for name, a, b in zip(("dP", "dλ", "dv"), grads, ref_grads):
+        assert_close(a.double(), b, rtol=rtol, what=name)
 
 
 def test_reads_and_writes_stay_inside_their_tensors():

@@ -237,7 +237,7 @@ def test_backend_resolution():
     assert resolve_backend("torch", x, loglinear=True, beta=False) == "torch"
     with pytest.raises(ValueError, match="backend must be one of"):
         resolve_backend("cuda", x, loglinear=True, beta=False)
-    if KERNEL_FORM in forms(loglinear=True):
+    if KERNEL_FORM in forms():
         assert resolve_backend("triton", x, loglinear=True, beta=True) == "triton"  # log-linear Gated DeltaNet
         assert resolve_backend("triton", x, loglinear=False, beta=False) == "triton"  # Mamba-2
         assert resolve_backend("triton", x, loglinear=False, beta=True) == "triton"  # Gated DeltaNet
@@ -250,7 +250,7 @@ def test_backend_resolution():
 TRITON_ON_CPU = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@pytest.mark.skipif(KERNEL_FORM not in forms(loglinear=True), reason="triton is not installed")
+@pytest.mark.skipif(KERNEL_FORM not in forms(), reason="triton is not installed")
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_triton_backend_matches_torch(device):
     if device == "cpu" and not TRITON_ON_CPU:
@@ -268,7 +268,7 @@ def test_triton_backend_matches_torch(device):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(KERNEL_FORM not in forms(loglinear=True), reason="triton is not installed")
+@pytest.mark.skipif(KERNEL_FORM not in forms(), reason="triton is not installed")
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_triton_backend_trains_inside_the_ensemble(device):
     """The training ensemble (vmap over members) on the Triton backend: one training step of log-linear
