@@ -64,7 +64,7 @@ def test_gradients_of_one_factor_alone():
         for name, wy in (("triton", step10.wy_factors_triton), ("torch", le.chunking.wy_factors)):
             xs = [a.clone().requires_grad_() for a in args]
             factor = wy(*chunked(*xs, 16))[index]
-            weights = torch.randn(factor.shape, generator=torch.Generator().manual_seed(index), dtype=factor.dtype)
+            weights = torch.randn(factor.shape, generator=torch.Generator().manual_seed(index)).to(factor)
             grads[name] = torch.autograd.grad((factor * weights).sum(), xs, allow_unused=True, materialize_grads=True)
         for name, a, b in zip(("dq", "dk", "dv", "dlog_decay", "dbeta"), grads["triton"], grads["torch"]):
             assert_close(a, b, what=f"factor {index}: {name}")
@@ -192,14 +192,14 @@ def test_a_compiled_ensemble_on_the_kernels_is_one_graph(name):
 
     config = ModelConfig(name, vocab_size=32, d_model=16, max_len=64,
                          mixer_options=dict(backend="triton", chunk_size=16))
-    ensemble = Ensemble([build_model(config) for _ in range(2)])
-    tokens = torch.randint(0, 32, (2, 3, 64), generator=torch.Generator().manual_seed(0))
+    ensemble = Ensemble([build_model(config).to(DEVICE) for _ in range(2)])
+    tokens = torch.randint(0, 32, (2, 3, 64), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     explained = torch._dynamo.explain(lambda t: ensemble(t).square().mean())(tokens)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
 
 
 def test_chunk_sizes_and_widths_the_kernels_do_not_take_are_refused():
-    qc = torch.zeros(1, 1, 2, 24, 8, dtype=torch.float64)
+    qc = torch.zeros(1, 1, 2, 24, 8, dtype=torch.float64, device=DEVICE)
     with pytest.raises(ValueError, match="chunk sizes that are powers of two >= 16"):
         step10.wy_factors_triton(qc, qc, qc, qc[..., 0], qc[..., 0])
 
@@ -207,7 +207,7 @@ def test_chunk_sizes_and_widths_the_kernels_do_not_take_are_refused():
 def test_the_decoding_state_of_a_log_linear_scan_needs_the_write_keys():
     """Factors without ``T_β`` give chunk terms without write keys: the log-linear prefill says so rather than guess."""
     q, k, v, g, beta = (x.transpose(1, 2) for x in inputs(1, 20, 1, 1, 4, 4))
-    lam = torch.ones(1, 1, 20, le.num_levels(20), dtype=torch.float64)
+    lam = torch.ones(1, 1, 20, le.num_levels(20), dtype=torch.float64, device=DEVICE)
     with pytest.raises(ValueError, match="write keys"):
         le.chunk_scan.chunk_scan(q, k, v, lam, g, beta, 16, return_state=True, factors=step10.wy_factors_triton)
 
@@ -216,14 +216,14 @@ def test_the_gated_deltanet_layer_on_its_kernel_is_the_layer_on_pytorch():
     from loglin_edu.layers import GatedDeltaNet
 
     torch.manual_seed(0)
-    layer = GatedDeltaNet(32, num_heads=2, backend="torch", chunk_size=16).double()
-    x = torch.randn(2, 40, 32, dtype=torch.float64)
+    layer = GatedDeltaNet(32, num_heads=2, backend="torch", chunk_size=16).to(DEVICE, torch.float64)
+    x = torch.randn(2, 40, 32, dtype=torch.float64).to(DEVICE)
     results = {}
     for backend in ("torch", "triton"):
         layer.backend = backend
         layer.zero_grad()
         out = layer(x)
-        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        (out * torch.linspace(-1, 1, out.numel()).to(out).view_as(out)).sum().backward()
         results[backend] = (out.detach(), {n: p.grad.clone() for n, p in layer.named_parameters()})
     assert_close(results["triton"][0], results["torch"][0], what="output")
     for name, grad in results["torch"][1].items():
