@@ -225,14 +225,14 @@ def loglinear_delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     (:mod:`loglin_edu.kernels.step11_level_intra_op`), the levels and the states carried across chunks by PyTorch,
     all of it one compiled graph. Called eagerly it would pay a set of launches per chunk and, at long ``T``, take
     many times as long as the whole-operator kernels (:mod:`loglin_edu.kernels.step9_loglinear_gated_deltanet`),
-    which eager calls take instead (:func:`mix`). Compiled, it suits many short sequences, as in training on recall tasks (chapter 11):
-    its graph unrolls the loop over chunks, so compiling takes longer and the graph grows with ``T / C``, and at
-    long ``T`` the whole-operator kernels called eagerly remain several times faster than it.
+    which eager calls take instead (:func:`mix`). Compiled, it suits many short sequences, as in training on recall
+    tasks (chapter 11): its graph unrolls the loop over chunks, so compiling takes longer and the graph grows with
+    ``T / C``, and at long ``T`` the whole-operator kernels called eagerly remain several times faster than it.
 
     Its products follow ``torch.backends.cuda.matmul.allow_tf32``, the operators' and the solve's included, where the
     whole-operator kernels keep those of fp32 inputs in tf32x3: with TF32 set, a compiled step and an eager one
-    differ by TF32's rounding. The operator returns no ``T_β``, so the decoding state is built from its definition
-    (:func:`~loglin_edu.state.prefix_state`, float32). chunk_size is raised to 16 if smaller.
+    differ by TF32's rounding. The WY-factor operator returns no ``T_β``, so the decoding state is built from its
+    definition (:func:`~loglin_edu.state.prefix_state`, float32). chunk_size is raised to 16 if smaller.
     """
     from .kernels.step10_delta_factors_op import wy_factors_triton
     from .kernels.step11_level_intra_op import level_intra_triton
